@@ -1,0 +1,53 @@
+# Every target does its own set-up: a fresh machine needs only python3, a C++ compiler and cmake.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck unit llama-server model transcripts device demo bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict src
+
+# The real llama-server and the small model, built and fetched once into a cache outside the repo.
+llama-server: $(STAMP)
+	$(PY) scripts/llama_server.py build
+
+model: $(STAMP)
+	$(PY) scripts/llama_server.py model
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit tests/contract
+
+# The whole suite: lint, types, unit, contract and the device tier against the real llama-server.
+# INFERPATH_SKIP_DEVICE=1 is the only opt-out; every skipped device test then says why.
+test: lint typecheck
+	@if [ "$${INFERPATH_SKIP_DEVICE:-0}" != "1" ]; then $(MAKE) --no-print-directory llama-server model; fi
+	$(PY) -m pytest tests/unit tests/contract tests/device
+
+transcripts: llama-server model
+	$(PY) scripts/record_transcripts.py
+
+device: llama-server model
+	$(PY) scripts/device.py
+
+demo: llama-server model
+	$(PY) scripts/demo.py
+
+bench: llama-server model
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Adapters: the Unix-socket HTTP client, the scripted fake server, the TCP forwarder."""

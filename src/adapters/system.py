@@ -1,0 +1,16 @@
+"""The real clock: `time.monotonic` and `time.sleep` behind the `Clock` port."""
+
+from __future__ import annotations
+
+import time
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
+        if seconds:
+            time.sleep(seconds)

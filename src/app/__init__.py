@@ -1,0 +1,1 @@
+"""The imperative shell: configuration, the composition root, the client, the self-test."""

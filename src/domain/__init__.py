@@ -1,0 +1,1 @@
+"""The pure core of the inference path: value types, errors and the policies that decide what to do."""

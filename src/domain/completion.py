@@ -1,0 +1,39 @@
+"""What comes back at the end. Nothing is final before this."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from domain.messages import ToolCall
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    TOOL_CALLS = "tool_calls"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Token counts of one request; `cache_n + prompt_n` is the prompt length."""
+
+    cache_n: int = 0
+    prompt_n: int = 0
+    predicted_n: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.cache_n + self.prompt_n + self.predicted_n
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    id: str
+    content: str | None
+    reasoning_content: str | None
+    tool_calls: tuple[ToolCall, ...] | list[ToolCall] = field(default_factory=tuple)
+    finish_reason: FinishReason = FinishReason.STOP
+    timings: Timings = field(default_factory=Timings)
+    reasoning_tokens: int = 0
+    thinking_capped: bool = False

@@ -1,0 +1,61 @@
+"""Every way a request can fail: one exception class per variant of the brief's `InferError`.
+
+Adapters translate `OSError`, timeouts and malformed bytes into these at the edge, so callers
+catch `InferError` and nothing else.
+"""
+
+from __future__ import annotations
+
+ERROR_BODY_BYTES = 4096
+
+
+class InferError(Exception):
+    """Base of every failure the inference path reports."""
+
+
+class Busy(InferError):
+    """Our own queue for the slot is full."""
+
+    def __init__(self, slot: int, queued: int) -> None:
+        super().__init__(f"slot {slot} is busy: {queued} requests already queued")
+        self.slot = slot
+        self.queued = queued
+
+
+class ConnectError(InferError):
+    """The socket could not be reached (missing, refused, permission denied)."""
+
+
+class WaitTimeout(InferError):
+    """The slot stayed busy past `busy_wait_ms`."""
+
+
+class LoadTimeout(InferError):
+    """The server stayed unavailable (loading, restarting) past `load_wait_ms`."""
+
+
+class Stalled(InferError):
+    """Silence past the liveness limit, or an idle slot that never answered."""
+
+
+class StreamClosedEarly(InferError):
+    """The connection ended before the final chunk."""
+
+
+class ThinkingOverrun(InferError):
+    """Reasoning went on past the cap and its overrun, or the control call failed."""
+
+
+class HttpError(InferError):
+    """A non-200 answer. `body` is kept unchanged up to 4 KiB (the caller may parse it)."""
+
+    def __init__(self, status: int, body: str | bytes, limit: int = ERROR_BODY_BYTES) -> None:
+        raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
+        text = raw[:limit].decode("utf-8", "replace")
+        super().__init__(f"HTTP {status}: {text[:200]}")
+        self.status = status
+        self.body = text
+
+
+class ProtocolError(InferError):
+    """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what."""

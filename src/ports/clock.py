@@ -1,0 +1,19 @@
+"""Time as a port: policy code never reads the system clock itself."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A monotonic clock in seconds.
+
+    `now()` never goes backwards. `sleep(seconds)` returns after at least `seconds` have passed
+    on this clock (a fake clock advances itself instantly); `sleep(0)` returns at once and a
+    negative duration raises `ValueError`.
+    """
+
+    def now(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...

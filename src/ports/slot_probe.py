@@ -1,0 +1,21 @@
+"""The state of one server slot, asked on a connection of its own."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol, runtime_checkable
+
+
+class SlotState(enum.Enum):
+    BUSY = "busy"  # the slot is processing another request: ours is queued behind it
+    IDLE = "idle"  # the slot is free: our request should be running
+    UNAVAILABLE = "unavailable"  # no answer we can trust: refused, 503 (loading), timeout, malformed
+
+
+@runtime_checkable
+class SlotProbe(Protocol):
+    """`state(slot)` answers within its own short timeout and never raises for a server fault:
+    every failure to learn the state (refused, 503, timeout, a malformed or missing slot entry)
+    is `SlotState.UNAVAILABLE`. It raises only for a programming error (a negative slot id)."""
+
+    def state(self, slot: int) -> SlotState: ...
