@@ -7,7 +7,7 @@ wrong. The domain never sees this object: the container hands it plain values.
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,11 +22,6 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PositiveMs = Annotated[StrictInt, Field(gt=0)]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
