@@ -1,17 +1,95 @@
 """The one composition root. Everything is built from a `Config` alone.
 
-Tests override providers with fakes (`with container.override_providers(clock=...)`); the
-classes assembled here import nothing from dependency-injector.
+Tests override providers with fakes (`with container.override_providers(transport=..., clock=...)`);
+the classes assembled here import nothing from dependency-injector.
 """
 
 from __future__ import annotations
 
+import random
+
 from dependency_injector import containers, providers
 
 from adapters.system import SystemClock
+from adapters.uds_http.slot_probe import UdsSlotProbe
+from adapters.uds_http.transport import UdsTransport
+from app.client import Client, ClientLimits
 from app.config import Config
+from domain.gate import SlotGate
+from domain.request import RequestSettings
+from domain.retry import RetryPolicy
+
+# The /slots probe answers fast or not at all; it never waits longer than this.
+PROBE_TIMEOUT_S = 2.0
+
+
+def request_settings(config: Config) -> RequestSettings:
+    s = config.sampling
+    return RequestSettings(
+        model=config.model,
+        max_tokens=config.limits.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        seed=s.seed,
+    )
+
+
+def client_limits(config: Config) -> ClientLimits:
+    lim = config.limits
+    return ClientLimits(
+        poll_ms=lim.poll_ms,
+        busy_wait_ms=lim.busy_wait_ms,
+        load_wait_ms=lim.load_wait_ms,
+        idle_grace_ms=lim.idle_grace_ms,
+        liveness_ms=lim.liveness_ms,
+        thinking_cap=lim.thinking_cap,
+        thinking_overrun=lim.thinking_overrun,
+        sse_line_bytes=lim.sse_line_bytes,
+        body_bytes=lim.body_bytes,
+        error_body_bytes=lim.error_body_bytes,
+    )
+
+
+def retry_policy(config: Config, rng: random.Random) -> RetryPolicy:
+    r = config.retry
+    return RetryPolicy(attempts=r.attempts, delays_ms=r.delays_ms, jitter=r.jitter, total_ms=r.total_ms, rng=rng)
+
+
+def probe_timeout(config: Config) -> float:
+    return min(config.limits.poll_ms / 1000.0, PROBE_TIMEOUT_S)
+
+
+def total_slots(config: Config) -> int | None:
+    return config.expect.total_slots if config.expect is not None else None
 
 
 class Container(containers.DeclarativeContainer):
     config = providers.Dependency(instance_of=Config)
+
     clock = providers.Singleton(SystemClock)
+    rng = providers.Singleton(random.Random)
+    transport = providers.Singleton(
+        UdsTransport,
+        socket_path=config.provided.socket,
+        header_bytes=config.provided.limits.header_bytes,
+    )
+    probe = providers.Singleton(
+        UdsSlotProbe,
+        transport=transport,
+        timeout=providers.Callable(probe_timeout, config),
+        clock=clock,
+    )
+    gate = providers.Singleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
+    client = providers.Singleton(
+        Client,
+        transport=transport,
+        probe=probe,
+        clock=clock,
+        gate=gate,
+        retry_policy=providers.Callable(retry_policy, config, rng),
+        request_settings=providers.Callable(request_settings, config),
+        limits=providers.Callable(client_limits, config),
+        total_slots=providers.Callable(total_slots, config),
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from domain.messages import ToolCall
@@ -32,7 +33,7 @@ class Completion:
     id: str
     content: str | None
     reasoning_content: str | None
-    tool_calls: tuple[ToolCall, ...] | list[ToolCall] = field(default_factory=tuple)
+    tool_calls: Sequence[ToolCall] = field(default_factory=tuple)
     finish_reason: FinishReason = FinishReason.STOP
     timings: Timings = field(default_factory=Timings)
     reasoning_tokens: int = 0

@@ -6,6 +6,7 @@ renders the same bytes again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,7 +37,7 @@ class UserMessage:
 class AssistantMessage:
     content: str | None = None
     reasoning_content: str | None = None
-    tool_calls: tuple[ToolCall, ...] | list[ToolCall] = field(default_factory=tuple)
+    tool_calls: Sequence[ToolCall] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class ChatRequest:
     """One chat on one slot. `tools` is fixed for an epoch and may be empty."""
 
     slot: int
-    messages: tuple[ChatMessage, ...] | list[ChatMessage]
-    tools: tuple[ToolSchema, ...] | list[ToolSchema] = field(default_factory=tuple)
+    messages: Sequence[ChatMessage]
+    tools: Sequence[ToolSchema] = field(default_factory=tuple)
     thinking: bool = False
     tool_choice: ToolChoice = "auto"

@@ -1,1 +1,50 @@
 """A scripted HTTP server on a Unix socket, and in-memory fakes that replay the same scripts."""
+
+from adapters.fake_server.memory import FakeClock, FakeSlotProbe, ScriptedExchange, ScriptedTransport
+from adapters.fake_server.script import (
+    NEVER,
+    End,
+    Piece,
+    Raw,
+    RecordedRequest,
+    Reply,
+    Routes,
+    Script,
+    error_reply,
+    json_reply,
+    loading,
+    not_found,
+    raw_reply,
+    silence,
+    slots_reply,
+    split_recorded,
+    sse_event,
+    sse_reply,
+)
+from adapters.fake_server.server import FakeServer
+
+__all__ = [
+    "NEVER",
+    "End",
+    "FakeClock",
+    "FakeServer",
+    "FakeSlotProbe",
+    "Piece",
+    "Raw",
+    "RecordedRequest",
+    "Reply",
+    "Routes",
+    "Script",
+    "ScriptedExchange",
+    "ScriptedTransport",
+    "error_reply",
+    "json_reply",
+    "loading",
+    "not_found",
+    "raw_reply",
+    "silence",
+    "slots_reply",
+    "split_recorded",
+    "sse_event",
+    "sse_reply",
+]

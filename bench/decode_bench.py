@@ -1,0 +1,282 @@
+"""Streaming decode throughput: our HTTP + SSE stack against httpx + httpx-sse, in one run.
+
+One recorded llama-server stream (the longest `response.raw` under
+`tests/fixtures/transcripts/`, or a synthetic 604-event stream of the same shape when none is
+recorded yet) is served verbatim by the fake server in its own process, over a Unix socket.
+Each round reads the whole stream once with each stack, interleaved so both see the same machine:
+
+    ours    UdsTransport + SseDecoder + parse_chunk (orjson)
+    httpx   httpx.Client(HTTPTransport(uds=...)) + httpx_sse.connect_sse + json.loads
+
+Reported per stack: events per second (wall clock, connect to `[DONE]`) and CPU per event
+(`time.thread_time` of the reading thread). Goal: ours at least 1.5x the events per second of
+httpx + httpx-sse.
+
+Run: `.venv/bin/python bench/decode_bench.py [--quick]`. `run(quick)` returns (name, value) rows
+for a combined table. Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk  # noqa: E402
+from adapters.uds_http.transport import UdsTransport  # noqa: E402
+from ports.transport import TIMED_OUT  # noqa: E402
+
+TRANSCRIPTS = ROOT / "tests" / "fixtures" / "transcripts"
+CHAT_PATH = "/v1/chat/completions"
+REQUEST = b'{"model":"test-model","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+READY_TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Stream:
+    source: str
+    raw: bytes
+    events: int
+
+
+@dataclass(frozen=True)
+class StackResult:
+    name: str
+    events: int
+    wall_s: float  # median per round
+    cpu_s: float  # median per round
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / self.wall_s
+
+    @property
+    def cpu_us_per_event(self) -> float:
+        return self.cpu_s / self.events * 1e6
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream
+
+
+def recorded_stream() -> Stream | None:
+    best: Stream | None = None
+    for raw_path in sorted(TRANSCRIPTS.glob("*/response.raw")):
+        raw = raw_path.read_bytes()
+        head, _, _ = raw.partition(b"\r\n\r\n")
+        if b"text/event-stream" not in head.lower():
+            continue
+        events = raw.count(b"data: ") - raw.count(b"data: [DONE]")
+        if best is None or events > best.events:
+            best = Stream(str(raw_path.relative_to(ROOT)), raw, events)
+    return best
+
+
+def synthetic_stream(events: int = 604) -> Stream:
+    """Chunks shaped like llama-server's with per-token timings on: a role chunk, content
+    deltas, a finish chunk, `[DONE]`; one chunk per event, chunked framing."""
+    base = {
+        "created": 1758100000,
+        "id": "chatcmpl-" + "Q7x2" * 8,
+        "model": "test-model",
+        "system_fingerprint": "b11434-5f2a9c1e",
+        "object": "chat.completion.chunk",
+    }
+
+    def chunk(delta: dict[str, object], n: int, finish: str | None = None) -> bytes:
+        body = {
+            "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+            **base,
+            "timings": {
+                "cache_n": 12,
+                "prompt_n": 31,
+                "prompt_ms": 104.512,
+                "prompt_per_token_ms": 3.371,
+                "prompt_per_second": 296.62,
+                "predicted_n": n,
+                "predicted_ms": 7.125 * n,
+                "predicted_per_token_ms": 7.125,
+                "predicted_per_second": 140.35,
+            },
+        }
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    payloads = [b"data: " + orjson.dumps({"choices": [{"finish_reason": None, "index": 0,
+                                                        "delta": {"role": "assistant", "content": None}}],
+                                          **base}) + b"\n\n"]
+    payloads += [chunk({"content": f" word{n}"}, n) for n in range(1, events - 1)]
+    payloads.append(chunk({}, events - 1, "stop"))
+    payloads.append(b"data: [DONE]\n\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\nAccess-Control-Allow-Origin: \r\nContent-Type: text/event-stream\r\n"
+        b"Keep-Alive: timeout=5, max=100\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
+    return Stream(f"synthetic ({events} events)", head + body, events)
+
+
+# ---------------------------------------------------------------------------------------------
+# The server: the fake server's command line, in its own process so it never shares our GIL
+
+
+@contextmanager
+def fake_server(raw: bytes) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="decode-bench-") as folder:
+        raw_path = os.path.join(folder, "response.raw")
+        with open(raw_path, "wb") as handle:
+            handle.write(raw)
+        socket_path = os.path.join(folder, "llama.sock")
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        # One piece per 64 KiB: the bench measures decoding, not the server's pacing.
+        command = [sys.executable, "-m", "adapters.fake_server", "--socket", socket_path,
+                   "--transcript", raw_path, "--piece-bytes", "65536"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            line = process.stdout.readline()
+            if not line.startswith("serving") or time.monotonic() > deadline:
+                raise RuntimeError(f"fake server did not start: {line!r}")
+            yield socket_path
+        finally:
+            process.terminate()
+            process.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# The two stacks: each reads the stream to [DONE] and returns the number of data events
+
+
+def ours(socket_path: str) -> Callable[[], int]:
+    transport = UdsTransport(socket_path)
+
+    def read_stream() -> int:
+        exchange = transport.open("POST", CHAT_PATH, REQUEST, timeout=TIMEOUT_S)
+        try:
+            head = exchange.head(TIMEOUT_S)
+            if head is TIMED_OUT or head.status != 200:  # type: ignore[union-attr]
+                raise RuntimeError(f"bad head: {head!r}")
+            decoder = SseDecoder()
+            count = 0
+            while True:
+                data = exchange.read(TIMEOUT_S)
+                if data is TIMED_OUT:
+                    raise RuntimeError("timed out")
+                if not data:
+                    decoder.end()
+                    return count
+                for event in decoder.feed(data):  # type: ignore[arg-type]
+                    if type(event) is SseData:
+                        parse_chunk(event.data)
+                        count += 1
+                    elif type(event) is SseDone:
+                        return count
+        finally:
+            exchange.close()
+
+    return read_stream
+
+
+def httpx_stack(socket_path: str) -> Callable[[], int]:
+    import httpx
+    import httpx_sse
+
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=TIMEOUT_S)
+    url = "http://localhost" + CHAT_PATH
+    headers = {"content-type": "application/json"}
+
+    def read_stream() -> int:
+        count = 0
+        with httpx_sse.connect_sse(client, "POST", url, content=REQUEST, headers=headers) as source:
+            for sse in source.iter_sse():
+                if sse.data == "[DONE]":
+                    break
+                json.loads(sse.data)
+                count += 1
+        return count
+
+    return read_stream
+
+
+def measure(stacks: dict[str, Callable[[], int]], rounds: int, warmup: int) -> list[StackResult]:
+    walls: dict[str, list[float]] = {name: [] for name in stacks}
+    cpus: dict[str, list[float]] = {name: [] for name in stacks}
+    counts: dict[str, int] = {}
+    for index in range(warmup + rounds):
+        for name, read_stream in stacks.items():
+            wall = time.perf_counter()
+            cpu = time.thread_time()
+            count = read_stream()
+            cpu = time.thread_time() - cpu
+            wall = time.perf_counter() - wall
+            if index >= warmup:
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+            counts[name] = count
+    if len(set(counts.values())) != 1:
+        raise RuntimeError(f"the stacks saw different numbers of events: {counts}")
+    return [
+        StackResult(name, counts[name], statistics.median(walls[name]), statistics.median(cpus[name]))
+        for name in stacks
+    ]
+
+
+def run(quick: bool = False) -> list[tuple[str, str]]:
+    stream = recorded_stream() or synthetic_stream()
+    rounds, warmup = (10, 2) if quick else (40, 5)
+    with fake_server(stream.raw) as socket_path:
+        results = measure({"ours": ours(socket_path), "httpx": httpx_stack(socket_path)}, rounds, warmup)
+    return rows(stream, results)
+
+
+def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
+    ours_result, httpx_result = results
+    per_event = len(stream.raw) / max(ours_result.events, 1)
+    out = [("decode: stream", f"{stream.source}, {ours_result.events} events, {per_event:.0f} bytes/event")]
+    for r in results:
+        label = "ours (UdsTransport + SseDecoder + orjson)" if r.name == "ours" else "httpx + httpx-sse + json"
+        out.append((f"decode: {label} events/s", f"{r.events_per_s:,.0f}"))
+        out.append((f"decode: {label} CPU per event", f"{r.cpu_us_per_event:.2f} µs"))
+    out.append((
+        "decode: events/s, ours / httpx+httpx-sse (goal >= 1.5)",
+        f"{ours_result.events_per_s / httpx_result.events_per_s:.2f}x",
+    ))
+    out.append((
+        "decode: CPU per event, httpx+httpx-sse / ours",
+        f"{httpx_result.cpu_us_per_event / ours_result.cpu_us_per_event:.2f}x",
+    ))
+    return out
+
+
+def print_table(table: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in table)
+    for name, value in table:
+        print(f"{name:<{width}}  {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="10 rounds instead of 40")
+    args = parser.parse_args()
+    started = time.monotonic()
+    print_table(run(quick=args.quick))
+    print(f"(took {time.monotonic() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

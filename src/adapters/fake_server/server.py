@@ -1,0 +1,336 @@
+"""A scripted HTTP/1.1 server on a Unix socket in a temporary folder, for tests.
+
+    with FakeServer({("POST", "/v1/chat/completions"): sse_reply(chunks)}) as server:
+        transport = UdsTransport(server.socket_path)
+        ...
+        assert server.requests[0].json()["stream"] is True
+
+Invariants:
+- Ready on entry: the socket is bound and listening before `__enter__` returns (a client that
+  connects before the accept thread runs waits in the backlog).
+- Always shuts down and joins: `__exit__` wakes every thread (a pipe they all select on), shuts
+  down live connections so a blocked write returns, joins every thread and removes the folder.
+  A thread that fails to join is an error, not a leak.
+- One request per connection; the reply is chosen by (method, path without query) when the whole
+  request has arrived. Every request is recorded with its exact body bytes and arrival time.
+- Waits between pieces watch the client: a client that closes is noticed at once
+  (`RecordedRequest.client_closed`), and the rest of the script is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+
+import h11
+
+from adapters.fake_server.script import (
+    End,
+    Piece,
+    Raw,
+    RecordedRequest,
+    Reply,
+    RouteItem,
+    Routes,
+    RouteSpec,
+    Script,
+    error_reply,
+)
+
+_RECV = 65536
+_LINGER_S = 30.0  # after a clean end, how long to wait for the client to close its side
+
+
+class _ClientGone(Exception):
+    """The client closed its end, or the server is stopping: stop serving this connection."""
+
+
+class FakeServer:
+    def __init__(
+        self,
+        routes: Mapping[tuple[str, str], RouteSpec] | None = None,
+        *,
+        socket_path: str | None = None,
+        default: RouteItem | None = None,
+    ) -> None:
+        self.routes = Routes(routes)
+        if default is not None:
+            self.routes.set_default(default)
+        self.requests: list[RecordedRequest] = []
+        self.errors: list[BaseException] = []
+        self._wanted_path = socket_path
+        self._socket_path: str | None = None
+        self._folder: str | None = None
+        self._listener: socket.socket | None = None
+        self._wake_r = -1
+        self._wake_w = -1
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._live: set[socket.socket] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def socket_path(self) -> str:
+        if self._socket_path is None:
+            raise RuntimeError("FakeServer is not running (use it as a context manager)")
+        return self._socket_path
+
+    def route(self, method: str, path: str, *replies: RouteItem) -> None:
+        self.routes.set(method, path, *replies)
+
+    def __enter__(self) -> FakeServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        if exc_type is None and self.errors:
+            raise RuntimeError(f"fake server failed while serving: {self.errors[0]!r}") from self.errors[0]
+
+    def start(self) -> None:
+        if self._listener is not None:
+            raise RuntimeError("FakeServer already started")
+        try:
+            if self._wanted_path is None:
+                self._folder = tempfile.mkdtemp(prefix="fake-llama-")
+                path = os.path.join(self._folder, "llama.sock")
+            else:
+                path = self._wanted_path
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # a stale socket from an earlier run
+            self._wake_r, self._wake_w = os.pipe()
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._listener = listener
+            listener.bind(path)
+            listener.listen(64)
+            self._socket_path = path
+            self._spawn(self._accept_loop, name="fake-server-accept")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        with self._lock:
+            live = list(self._live)
+        for conn in live:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout
+        stuck: list[str] = []
+        while True:
+            with self._lock:
+                threads = [t for t in self._threads if t.is_alive()]
+            if not threads:
+                break
+            for thread in threads:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+                if thread.is_alive():
+                    stuck.append(thread.name)
+            if stuck:
+                break
+        if self._listener is not None:
+            self._listener.close()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_r = self._wake_w = -1
+        if self._socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._socket_path)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        if stuck:
+            raise RuntimeError(f"fake server threads did not stop within {timeout} s: {stuck}")
+
+    def _spawn(self, target: Callable[..., None], *args: object, name: str) -> None:
+        thread = threading.Thread(target=self._guard, args=(target, *args), name=name, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _guard(self, target: Callable[..., None], *args: object) -> None:
+        try:
+            target(*args)
+        except _ClientGone:
+            pass
+        except BaseException as exc:
+            if not self._stopping.is_set():
+                self.errors.append(exc)
+
+    # -- accepting ------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        count = 0
+        while not self._stopping.is_set():
+            ready, _, _ = select.select([listener.fileno(), self._wake_r], [], [])
+            if self._wake_r in ready or self._stopping.is_set():
+                return
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            count += 1
+            with self._lock:
+                self._live.add(conn)
+            self._spawn(self._serve, conn, name=f"fake-server-conn-{count}")
+
+    # -- one connection -------------------------------------------------------------------------
+
+    def _serve(self, conn: socket.socket) -> None:
+        request: RecordedRequest | None = None
+        try:
+            request = self._read_request(conn)
+            if request is None:
+                return
+            with self._lock:
+                self.requests.append(request)
+            script = self.routes.reply_for(request)
+            self._play(conn, request, script)
+        except (_ClientGone, OSError):
+            # A client that goes away (EOF, reset, broken pipe) ends the script; that is a
+            # scenario the tests create on purpose, not a server failure.
+            if request is not None and not self._stopping.is_set():
+                request.mark_closed(time.monotonic())
+        finally:
+            with self._lock:
+                self._live.discard(conn)
+            conn.close()
+
+    def _read_request(self, conn: socket.socket) -> RecordedRequest | None:
+        parser = h11.Connection(h11.SERVER)
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._send(conn, None, error_reply(400, f"bad request: {exc}").wire_head())
+                return None
+            if event is h11.NEED_DATA:
+                self._wait_readable(conn)
+                data = conn.recv(_RECV)
+                if not data:
+                    return None
+                parser.receive_data(data)
+            elif isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                return RecordedRequest(
+                    method=head.method.decode("ascii"),
+                    target=head.target.decode("ascii"),
+                    headers=tuple((k.decode("ascii"), v.decode("latin-1")) for k, v in head.headers),
+                    body=bytes(body),
+                    time=time.monotonic(),
+                )
+            else:  # pragma: no cover - ConnectionClosed is reported as NEED_DATA + b"" above
+                return None
+
+    def _play(self, conn: socket.socket, request: RecordedRequest, script: Script) -> None:
+        if isinstance(script, Raw):
+            self._send_pieces(conn, request, b"", script.pieces, lambda data: data)
+            self._finish(conn, request, script.end, b"")
+            return
+        reply: Reply = script
+        self._pause(conn, request, reply.head_delay_s)
+        self._send_pieces(conn, request, reply.wire_head(), reply.pieces, reply.wire_piece)
+        tail = b"0\r\n\r\n" if reply.chunked and reply.end is End.CLOSE else b""
+        self._finish(conn, request, reply.end, tail)
+
+    def _send_pieces(
+        self,
+        conn: socket.socket,
+        request: RecordedRequest,
+        pending: bytes,
+        pieces: Sequence[Piece],
+        frame: Callable[[bytes], bytes],
+    ) -> None:
+        # Pieces due at the same moment go out in one write; a delay flushes what is pending.
+        for piece in pieces:
+            if piece.delay_s > 0:
+                self._send(conn, request, pending)
+                pending = b""
+                self._pause(conn, request, piece.delay_s)
+            if piece.data:
+                pending += frame(piece.data)
+        self._send(conn, request, pending)
+
+    def _finish(self, conn: socket.socket, request: RecordedRequest, end: End, tail: bytes) -> None:
+        if end is End.SILENCE:
+            self._pause(conn, request, None)
+            return
+        if tail:
+            self._send(conn, request, tail)
+        if end is End.RESET:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            return
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)
+        self._pause(conn, request, _LINGER_S)  # see the client close its side
+
+    # -- waiting and writing --------------------------------------------------------------------
+
+    def _send(self, conn: socket.socket, request: RecordedRequest | None, data: bytes) -> None:
+        if not data:
+            return
+        try:
+            conn.sendall(data)
+        except OSError as exc:
+            if request is not None and not self._stopping.is_set():
+                request.mark_closed(time.monotonic())
+            raise _ClientGone from exc
+
+    def _wait_readable(self, conn: socket.socket) -> None:
+        ready, _, _ = select.select([conn.fileno(), self._wake_r], [], [])
+        if self._wake_r in ready:
+            raise _ClientGone
+
+    def _pause(self, conn: socket.socket, request: RecordedRequest, seconds: float | None) -> None:
+        """Wait `seconds` (None or inf: until the client closes), watching for the client's close."""
+        if seconds is not None and seconds <= 0:
+            return
+        forever = seconds is None or seconds == float("inf")
+        deadline = 0.0 if forever else time.monotonic() + (seconds or 0.0)
+        while True:
+            remaining = None if forever else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            fd = conn.fileno()
+            ready, _, _ = select.select([fd, self._wake_r], [], [], remaining)
+            if self._wake_r in ready:
+                raise _ClientGone
+            if fd in ready:
+                try:
+                    data = conn.recv(_RECV)
+                except OSError:
+                    data = b""
+                if not data:
+                    if not self._stopping.is_set():
+                        request.mark_closed(time.monotonic())
+                    raise _ClientGone
+                # Bytes after the request are ignored: the client sent Connection: close.

@@ -1,0 +1,146 @@
+"""Command-line options for `inferproxy`, checked up front so a bad start fails in one clear line.
+
+`parse_args` raises `UsageError` with a one-line message for anything it cannot use: a missing
+flag, an upstream without a port, a port out of range, a socket path too long for `AF_UNIX`, a
+parent folder that does not exist, a limit below its minimum.
+"""
+
+import argparse
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+# sun_path holds 108 bytes on Linux; one is kept for the NUL that C clients write after the path.
+MAX_SOCKET_PATH_BYTES = 107
+
+
+class UsageError(Exception):
+    """The command line cannot be used; the message is one line naming what is wrong."""
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_conns: int = 8
+    burst: int = 10
+    rate: float = 2.0
+
+    def __str__(self) -> str:
+        return f"at most {self.max_conns} connections, accept burst {self.burst}, refill {self.rate:g}/s"
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str
+    upstream: Address
+    limits: Limits
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _parser() -> _Parser:
+    defaults = Limits()
+    parser = _Parser(
+        prog="inferproxy",
+        allow_abbrev=False,
+        description="Forward each connection on a Unix socket to one TCP connection upstream.",
+    )
+    parser.add_argument("--listen", required=True, metavar="PATH", help="the Unix socket to create")
+    parser.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where to forward to")
+    parser.add_argument(
+        "--max-conns",
+        default=str(defaults.max_conns),
+        metavar="N",
+        help=f"connections open at once (default {defaults.max_conns})",
+    )
+    parser.add_argument(
+        "--burst",
+        default=str(defaults.burst),
+        metavar="N",
+        help=f"connections accepted in a burst (default {defaults.burst})",
+    )
+    parser.add_argument(
+        "--rate",
+        default=f"{defaults.rate:g}",
+        metavar="PER_SECOND",
+        help=f"accept tokens refilled per second (default {defaults.rate:g})",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> Settings:
+    args = _parser().parse_args(list(argv))
+    return Settings(
+        listen=check_socket_path(args.listen),
+        upstream=parse_upstream(args.upstream),
+        limits=Limits(
+            max_conns=_whole(args.max_conns, "--max-conns"),
+            burst=_whole(args.burst, "--burst"),
+            rate=_rate(args.rate),
+        ),
+    )
+
+
+def parse_upstream(value: str) -> Address:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise UsageError(f"--upstream must be HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host:
+            raise UsageError(f"--upstream has an empty host in {value!r}")
+    elif ":" in host:
+        raise UsageError(f"--upstream: write an IPv6 host in brackets, as [::1]:PORT, got {value!r}")
+    if not port_text.isascii() or not port_text.isdigit():
+        raise UsageError(f"--upstream port must be a number, got {port_text!r} in {value!r}")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise UsageError(f"--upstream port must be between 1 and 65535, got {port}")
+    return Address(host, port)
+
+
+def check_socket_path(path: str) -> str:
+    if not path:
+        raise UsageError("--listen must name a socket path")
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH_BYTES:
+        raise UsageError(f"--listen path is {size} bytes; AF_UNIX allows at most {MAX_SOCKET_PATH_BYTES}: {path}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        raise UsageError(f"--listen: the folder {parent} does not exist")
+    if not os.path.isdir(parent):
+        raise UsageError(f"--listen: {parent} is not a folder")
+    return path
+
+
+def _whole(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise UsageError(f"{flag} must be at least 1, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--rate must be a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--rate must be a number above 0, got {text!r}")
+    return value

@@ -1,0 +1,231 @@
+"""Test support for the proxy: a scripted TCP upstream on loopback, an in-process proxy, a clock.
+
+Shipped beside the adapter so that tests (and later tiers) can play the upstream without opening
+TCP themselves. Everything here is a context manager that joins every thread it started and
+closes every descriptor it opened before it returns.
+"""
+
+import contextlib
+import errno
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Self
+
+from adapters.proxy.options import Address, Limits
+from adapters.proxy.pump import Mover
+from adapters.proxy.server import Proxy
+from adapters.proxy.socket_file import bind_socket_file
+
+Handler = Callable[[socket.socket], None]
+LOOPBACK = "127.0.0.1"
+_JOIN_S = 5.0
+
+
+class ManualClock:
+    """Seconds that move only when told to; refuses to go backwards."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back ({seconds} s)")
+        self.now += seconds
+
+
+def echo(conn: socket.socket) -> None:
+    """Send back everything received; pass the half-close on."""
+    buf = bytearray(256 * 1024)
+    while n := conn.recv_into(buf):
+        conn.sendall(memoryview(buf)[:n])
+    conn.shutdown(socket.SHUT_WR)
+
+
+def reset(conn: socket.socket) -> None:
+    """Close with SO_LINGER 0, so the peer gets a TCP reset instead of a FIN."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+class LoopbackUpstream:
+    """A TCP server on 127.0.0.1 whose every connection runs `handler` on its own thread.
+
+    A handler that raises records the exception in `failures` (tests assert it stays empty). On
+    exit, the listener is closed, live connections are shut down and every thread is joined.
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+        self._listener: socket.socket | None = None
+        self._wake_read = self._wake_write = -1
+        self._acceptor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._live: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self.accepted = 0
+        self.failures: list[BaseException] = []
+
+    @property
+    def address(self) -> Address:
+        if self._listener is None:
+            raise RuntimeError("the upstream is not running")
+        host, port = self._listener.getsockname()[:2]
+        return Address(host, port)
+
+    def __enter__(self) -> Self:
+        self._listener = socket.create_server((LOOPBACK, 0), backlog=128)
+        self._wake_read, self._wake_write = os.pipe()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="upstream-accept")
+        self._acceptor.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        os.write(self._wake_write, b"\0")
+        if self._acceptor is not None:
+            self._acceptor.join(_JOIN_S)
+        with self._lock:
+            for conn in self._live:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        self.join_handlers(_JOIN_S)
+        if self._listener is not None:
+            self._listener.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def join_handlers(self, timeout: float) -> None:
+        """Join every handler thread started so far; raise if one is still running."""
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join(timeout)
+        stuck = [thread.name for thread in threads if thread.is_alive()]
+        if stuck:
+            raise RuntimeError(f"upstream handlers still running: {stuck}")
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        self._listener.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._wake_read, selectors.EVENT_READ)
+            while True:
+                for key, _events in selector.select():
+                    if key.fileobj is not self._listener:
+                        return
+                    self._accept_ready()
+
+    def _accept_ready(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            conn.setblocking(True)
+            thread = threading.Thread(target=self._serve, args=(conn,), name="upstream-conn")
+            with self._lock:
+                self.accepted += 1
+                self._live.add(conn)
+                self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._handler(conn)
+        except BaseException as exc:
+            self.failures.append(exc)
+        finally:
+            with self._lock:
+                self._live.discard(conn)
+                conn.close()
+
+
+@contextlib.contextmanager
+def black_hole() -> Iterator[Address]:
+    """An address on loopback where a TCP connect hangs until its timeout.
+
+    A listener with backlog 0 that never accepts, its one queue place taken: the kernel drops
+    further SYNs, so the connect neither succeeds nor is refused.
+    """
+    listener = socket.create_server((LOOPBACK, 0), backlog=0)
+    holders: list[socket.socket] = []
+    try:
+        host, port = listener.getsockname()[:2]
+        for _ in range(4):
+            holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            holders.append(holder)
+            holder.setblocking(False)
+            err = holder.connect_ex((host, port))
+            if err not in (0, errno.EINPROGRESS):
+                raise OSError(err, os.strerror(err))
+        yield Address(host, port)
+    finally:
+        for holder in holders:
+            holder.close()
+        listener.close()
+
+
+def unused_port() -> Address:
+    """An address on loopback where nothing listens (connects are refused)."""
+    with socket.create_server((LOOPBACK, 0)) as probe:
+        host, port = probe.getsockname()[:2]
+    return Address(host, port)
+
+
+@dataclass
+class RunningProxy:
+    proxy: Proxy
+    path: str
+    lines: list[str] = field(default_factory=list)
+
+    def connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+@contextlib.contextmanager
+def running_proxy(
+    path: str,
+    upstream: Address,
+    limits: Limits | None = None,
+    *,
+    clock: Callable[[], float] | None = None,
+    connect_timeout: float = 2.0,
+    mover: Mover | None = None,
+) -> Iterator[RunningProxy]:
+    """The proxy serving on its own thread, as `main` would run it, with its log lines collected."""
+    lines: list[str] = []
+    bound = bind_socket_file(path)
+    proxy = Proxy(
+        bound,
+        upstream,
+        limits,
+        clock=time.monotonic if clock is None else clock,
+        log=lines.append,
+        connect_timeout=connect_timeout,
+        mover=mover,
+    )
+    serving = threading.Thread(target=proxy.serve, name="inferproxy-serve")
+    serving.start()
+    try:
+        yield RunningProxy(proxy, path, lines)
+    finally:
+        proxy.stop()
+        serving.join(_JOIN_S)
+        if serving.is_alive():
+            raise RuntimeError("the proxy did not stop")

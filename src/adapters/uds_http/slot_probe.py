@@ -1,0 +1,80 @@
+"""The real `SlotProbe`: `GET /slots` on a connection of its own, within its own short timeout.
+
+Every way of not learning the state (refused, 503 while loading, 501 with `--no-slots`, silence,
+a cut, a malformed or oversized body, no entry for the slot) is `SlotState.UNAVAILABLE`; only a
+negative slot id, a caller's bug, raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from adapters.system import SystemClock
+from domain.errors import InferError
+from ports.clock import Clock
+from ports.slot_probe import SlotState
+from ports.transport import TimedOut, Transport
+
+SLOTS_PATH = "/slots"
+
+
+class UdsSlotProbe:
+    __slots__ = ("_body_bytes", "_clock", "_timeout", "_transport")
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        timeout: float,
+        body_bytes: int = 4 * 1024 * 1024,
+        clock: Clock | None = None,
+    ) -> None:
+        self._transport = transport
+        self._timeout = timeout
+        self._body_bytes = body_bytes
+        self._clock: Clock = clock if clock is not None else SystemClock()
+
+    def state(self, slot: int) -> SlotState:
+        if slot < 0:
+            raise ValueError(f"slot ids are never negative, got {slot}")
+        body = self._fetch()
+        if body is None:
+            return SlotState.UNAVAILABLE
+        return _state_of(body, slot)
+
+    def _fetch(self) -> bytes | None:
+        clock = self._clock
+        deadline = clock.now() + self._timeout
+        try:
+            exchange = self._transport.open("GET", SLOTS_PATH, timeout=self._timeout)
+        except InferError:
+            return None
+        try:
+            head = exchange.head(max(deadline - clock.now(), 0.0))
+            if isinstance(head, TimedOut) or head.status != 200:
+                return None
+            return exchange.read_all(self._body_bytes, max(deadline - clock.now(), 0.0))
+        except InferError:
+            return None
+        finally:
+            exchange.close()
+
+
+def _state_of(body: bytes, slot: int) -> SlotState:
+    try:
+        slots: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return SlotState.UNAVAILABLE
+    if not isinstance(slots, list):
+        return SlotState.UNAVAILABLE
+    for entry in slots:
+        if isinstance(entry, dict) and entry.get("id") == slot and type(entry.get("id")) is int:
+            busy = entry.get("is_processing")
+            if busy is True:
+                return SlotState.BUSY
+            if busy is False:
+                return SlotState.IDLE
+            return SlotState.UNAVAILABLE
+    return SlotState.UNAVAILABLE

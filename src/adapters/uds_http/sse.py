@@ -1,0 +1,290 @@
+"""Server-sent events, decoded sans-IO: bytes in (split anywhere), events out.
+
+Follows the WHATWG event-stream algorithm, specialised to what a chat-completions stream needs.
+
+Invariants:
+- Lines end only at CR, LF or CRLF in the bytes, never at U+2028 or the other characters
+  `str.splitlines` splits on. A CR that ends one feed and an LF that starts the next are one line
+  end (`_cr_pending`).
+- Only complete lines are decoded. A line end is ASCII and cannot occur inside a multi-byte UTF-8
+  sequence, so a character split across feeds is always whole by the time its line is decoded.
+- `_tail` holds the incomplete last line; it never contains CR or LF.
+- An event is dispatched only at its blank line. At EOF an undispatched event or line is dropped
+  (as the spec says) and `partial_event` records that there was one.
+- `[DONE]` is recognised only as the exact data of a dispatched event. After it the decoder is
+  finished: later bytes are ignored without being parsed, so the result does not depend on what
+  a server sends after its end marker.
+- Failure is sticky: once a feed has failed, every later call raises. Events completed earlier in
+  the same feed are returned first and the error is raised by the next call, so the events seen
+  before an error do not depend on how the bytes were split.
+- The common case (whole `data: ...\\n\\n` events, no CR) costs one `split` and a few slices per
+  event; nothing loops per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, TypeAlias
+
+import orjson
+
+from domain.errors import HttpError, InferError, ProtocolError
+
+_BOM: Final = b"\xef\xbb\xbf"
+_DONE: Final = b"[DONE]"
+
+
+@dataclass(frozen=True, slots=True)
+class SseData:
+    """A dispatched event's data: its `data:` lines joined with "\\n"."""
+
+    data: str
+
+
+@dataclass(frozen=True, slots=True)
+class SseDone:
+    """The event whose data is exactly `[DONE]`: the server's end of stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class SseComment:
+    """A comment line (`:` and what follows it), e.g. llama-server's keep-alive ping."""
+
+    text: str
+
+
+SseEvent: TypeAlias = SseData | SseDone | SseComment
+
+SSE_DONE: Final = SseDone()
+
+
+class SseDecoder:
+    """Feed it body bytes as they arrive; it returns the events each feed completed.
+
+    `feed(data)` returns the events completed by `data`, raising `ProtocolError` for a line over
+    `max_line` bytes (also while the line is still incomplete), an event whose data exceeds
+    `max_line`, or invalid UTF-8, and `HttpError` for the older `error:` field form of a
+    mid-stream error. `end()` is called at EOF; it returns no events (an event without its blank
+    line is never dispatched) and sets `partial_event` if the stream stopped inside one.
+    """
+
+    __slots__ = (
+        "_clean",
+        "_cr_pending",
+        "_data",
+        "_data_bytes",
+        "_done",
+        "_ended",
+        "_failure",
+        "_failure_raised",
+        "_max_line",
+        "_started",
+        "_tail",
+        "partial_event",
+    )
+
+    def __init__(self, max_line: int = 1 << 20) -> None:
+        if max_line < 1:
+            raise ValueError(f"max_line must be positive, got {max_line}")
+        self._max_line = max_line
+        self._tail = b""
+        self._data: list[bytes] = []
+        self._data_bytes = 0
+        self._cr_pending = False
+        self._started = False
+        self._done = False
+        self._ended = False
+        self._failure: InferError | None = None
+        self._failure_raised = False
+        self.partial_event = False
+        # True when nothing is pending (no partial line or event, no CR, started, not finished
+        # or failed): the fast path in `feed` may then take a whole event at once.
+        self._clean = False
+
+    @property
+    def done(self) -> bool:
+        """True once `[DONE]` was dispatched; later input is ignored."""
+        return self._done
+
+    def feed(self, data: bytes) -> list[SseEvent]:
+        if self._clean:
+            # Fast path: exactly one whole `data: ...` event, which is how llama-server writes
+            # each chunk. Anything else (or invalid UTF-8) takes the general path below.
+            n = len(data)
+            if (
+                data.find(b"\n") == n - 2
+                and data[n - 1 :] == b"\n"
+                and data[:6] == b"data: "
+                and n - 2 <= self._max_line
+                and b"\r" not in data
+            ):
+                value = data[6:-2]
+                if value == _DONE:
+                    self._done = True
+                    self._clean = False
+                    return [SSE_DONE]
+                try:
+                    return [SseData(value.decode("utf-8"))]
+                except UnicodeDecodeError:
+                    pass
+        if self._failure is not None:
+            self._raise_failure()
+        if self._ended:
+            raise ValueError("SseDecoder.feed() called after end()")
+        if self._done or not data:
+            return []
+        if self._cr_pending:
+            self._cr_pending = False
+            if data[0] == 10:  # the LF of a CRLF split across two feeds
+                data = data[1:]
+                if not data:
+                    return []
+        if self._tail:
+            data = self._tail + data
+        if not self._started:
+            if len(data) < 3 and _BOM.startswith(data):
+                self._tail = data  # may still become a byte-order mark
+                return []
+            self._started = True
+            if data.startswith(_BOM):
+                data = data[3:]
+        if b"\r" in data:
+            if data[-1] == 13:
+                self._cr_pending = True
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        self._tail = lines.pop()
+        out: list[SseEvent] = []
+        try:
+            self._lines(lines, out, len(data) > self._max_line)
+            if len(self._tail) > self._max_line and not self._done:
+                raise ProtocolError(
+                    f"SSE line over {self._max_line} bytes (still unterminated at "
+                    f"{len(self._tail)} bytes)"
+                )
+        except (ProtocolError, HttpError) as exc:
+            self._failure = exc
+            self._clean = False
+            if out:
+                return out  # the error is raised by the next call
+            self._failure_raised = True
+            raise
+        self._clean = not (self._tail or self._data or self._cr_pending or self._done)
+        return out
+
+    def end(self) -> list[SseEvent]:
+        """The stream hit EOF. Returns no events; sets `partial_event` if one was cut off."""
+        if self._failure is not None:
+            self._raise_failure()
+        if self._ended or self._done:
+            self._ended = True
+            return []
+        self._ended = True
+        self._clean = False
+        self.partial_event = bool(self._tail) or bool(self._data)
+        self._tail = b""
+        self._data = []
+        return []
+
+    def _raise_failure(self) -> None:
+        failure = self._failure
+        assert failure is not None
+        if not self._failure_raised:
+            self._failure_raised = True
+            raise failure
+        raise ProtocolError(f"SSE stream already failed: {failure}") from failure
+
+    def _lines(self, lines: list[bytes], out: list[SseEvent], check_length: bool) -> None:
+        # `check_length` is False when the whole feed is shorter than a line may be.
+        data = self._data
+        for line in lines:
+            if check_length and len(line) > self._max_line:
+                raise ProtocolError(f"SSE line of {len(line)} bytes, over {self._max_line} bytes")
+            if not line:
+                if data:
+                    self._dispatch(out)
+                    if self._done:
+                        return
+                    data = self._data
+            elif line[:5] == b"data:":
+                value = line[6:] if line[5:6] == b" " else line[5:]
+                data.append(value)
+                self._data_bytes += len(value)
+                if self._data_bytes > self._max_line:
+                    raise ProtocolError(f"SSE event data over {self._max_line} bytes")
+            elif line[0] == 58:  # ":"
+                out.append(SseComment(_text(line[1:], "comment")))
+            else:
+                self._field(line)
+
+    def _dispatch(self, out: list[SseEvent]) -> None:
+        data = self._data
+        raw = data[0] if len(data) == 1 else b"\n".join(data)
+        self._data = []
+        self._data_bytes = 0
+        if raw == _DONE:
+            out.append(SSE_DONE)
+            self._done = True
+            self._tail = b""
+            self._cr_pending = False
+            return
+        out.append(SseData(_text(raw, "data")))
+
+    def _field(self, line: bytes) -> None:
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        text = _text(value, "field value")
+        if name == b"error":
+            raise _error_from_text(text)
+        if name == b"data":  # a bare "data" line: an empty data line
+            self._data.append(b"")
+            return
+        _text(name, "field name")
+        # event:, id:, retry: and unknown fields carry nothing a chat stream uses: ignored, as the
+        # spec says for unknown fields.
+
+
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(
+            f"SSE {what} is not valid UTF-8 at byte {exc.start}: {raw[max(0, exc.start - 8) : exc.end + 8]!r}"
+        ) from exc
+
+
+def _status_of(obj: Any) -> int:
+    code = None
+    if isinstance(obj, dict):
+        inner = obj.get("error")
+        code = inner.get("code") if isinstance(inner, dict) else obj.get("code")
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        return code
+    return 500
+
+
+def _error_from_text(text: str) -> HttpError:
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        obj = None
+    return HttpError(_status_of(obj), text)
+
+
+def parse_chunk(data: str) -> dict[str, Any]:
+    """Decode one `data:` payload into a JSON object.
+
+    Raises `ProtocolError` for invalid JSON or a value that is not an object, and `HttpError`
+    (status from the error's `code`, else 500; body the payload unchanged) for the in-stream
+    error form `{"error": {...}}`.
+    """
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"SSE data is not valid JSON ({exc}): {data[:120]!r}") from exc
+    if type(obj) is not dict:
+        raise ProtocolError(f"SSE data is JSON but not an object: {data[:120]!r}")
+    if "error" in obj:
+        raise HttpError(_status_of(obj), data)
+    return obj

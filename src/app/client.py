@@ -1,0 +1,320 @@
+"""The llama client: one chat from slot gate to `Completion`, its retries, and the info calls.
+
+The life of one request (the brief, section 4):
+
+    gate -> open + send -> first-byte wait (a /slots poll each poll_ms) -> events under the
+    liveness limit -> thinking cap (reasoning_end on a second connection) -> Completion
+
+Invariants:
+- Every read has a deadline, so no path can hang: before the first data event the deadline is
+  the next poll; after it, the liveness limit. Keep-alive comments never move a deadline.
+- Nothing is returned before the final chunk; every error closes the stream's connection
+  (which cancels generation on the server) and releases the slot gate.
+- A retry sends the very same bytes: the body is rendered once per `chat_with_retry` call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from adapters.uds_http.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
+from domain.assembler import Assembler
+from domain.completion import Completion
+from domain.errors import HttpError, InferError, ProtocolError, Stalled
+from domain.events import ChatEvent, Retrying, ThinkingCapped
+from domain.gate import SlotGate
+from domain.hashing import sha256
+from domain.messages import ChatRequest
+from domain.request import RequestSettings, build_chat_body, build_control_body
+from domain.retry import RetryPolicy
+from domain.thinking import Action, ThinkingCap
+from domain.waiting import FirstByteWait, Liveness
+from ports import Clock, Exchange, SlotProbe, TimedOut, Transport
+
+EventSink = Callable[[ChatEvent], None]
+
+CHAT_PATH = "/v1/chat/completions"
+CONTROL_PATH = "/v1/chat/completions/control"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """The limits the client enforces, in milliseconds and bytes (from `Config.limits`)."""
+
+    poll_ms: int = 5000
+    busy_wait_ms: int = 600_000
+    load_wait_ms: int = 180_000
+    idle_grace_ms: int = 30_000
+    liveness_ms: int = 30_000
+    thinking_cap: int = 4096
+    thinking_overrun: int = 256
+    sse_line_bytes: int = 1 << 20
+    body_bytes: int = 4 << 20
+    error_body_bytes: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Props:
+    """What `/props` says of the server; `n_ctx` is per slot."""
+
+    chat_template: str
+    chat_template_sha256: str
+    total_slots: int
+    n_ctx: int
+    model_alias: str | None = None
+    model_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    id: int
+    is_processing: bool
+    n_ctx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    id: int
+    piece: str
+
+
+class Client:
+    """What the daemon calls. Built by `app.container.Container` from a `Config` alone."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        probe: SlotProbe,
+        clock: Clock,
+        gate: SlotGate,
+        retry_policy: RetryPolicy,
+        request_settings: RequestSettings,
+        limits: ClientLimits,
+        total_slots: int | None = None,
+    ) -> None:
+        self._transport = transport
+        self._probe = probe
+        self._clock = clock
+        self._gate = gate
+        self._retry = retry_policy
+        self._settings = request_settings
+        self._limits = limits
+        self._total_slots = total_slots
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def chat(self, req: ChatRequest, on_event: EventSink) -> Completion:
+        """One attempt: returns the final `Completion` or raises an `InferError`."""
+        body = self.render(req)
+        with self._gate.hold(req.slot, on_event):
+            return self._attempt(req.slot, body, on_event)
+
+    def chat_with_retry(self, req: ChatRequest, on_event: EventSink) -> Completion:
+        """`chat`, retried by the retry policy; every attempt sends the same bytes."""
+        body = self.render(req)
+        started = self._clock.now()
+        attempt = 1
+        while True:
+            try:
+                with self._gate.hold(req.slot, on_event):
+                    return self._attempt(req.slot, body, on_event)
+            except InferError as error:
+                elapsed_ms = (self._clock.now() - started) * 1000.0
+                decision = self._retry.decide(attempt, error, elapsed_ms)
+                if not decision.retry:
+                    raise
+                attempt = decision.attempt
+                on_event(Retrying(attempt=attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}"))
+                self._clock.sleep(decision.after_ms / 1000.0)
+
+    def render(self, req: ChatRequest) -> bytes:
+        """The exact request body `chat` sends for `req` (validated, deterministic)."""
+        return build_chat_body(req, self._settings, total_slots=self._slot_count())
+
+    def _slot_count(self) -> int:
+        if self._total_slots is None:
+            self._total_slots = self.props().total_slots
+        return self._total_slots
+
+    def _attempt(self, slot: int, body: bytes, on_event: EventSink) -> Completion:
+        limits = self._limits
+        poll_s = limits.poll_ms / 1000.0
+        clock = self._clock
+        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=poll_s)
+        try:
+            wait = FirstByteWait(
+                poll_ms=limits.poll_ms,
+                busy_wait_ms=limits.busy_wait_ms,
+                load_wait_ms=limits.load_wait_ms,
+                idle_grace_ms=limits.idle_grace_ms,
+                sent_at=clock.now(),
+                slot=slot,
+            )
+
+            def poll() -> None:
+                decision = wait.on_poll(clock.now(), self._probe.state(slot))
+                on_event(decision.event)
+                if decision.error is not None:
+                    raise decision.error
+
+            # The head arrives only when the server starts our request: until then, poll.
+            while True:
+                head = exchange.head(wait.timeout(clock.now()))
+                if not isinstance(head, TimedOut):
+                    break
+                poll()
+            if head.status != 200:
+                raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
+
+            decoder = SseDecoder(max_line=limits.sse_line_bytes)
+            assembler = Assembler()
+            cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
+            liveness: Liveness | None = None
+            while True:
+                now = clock.now()
+                data = exchange.read(wait.timeout(now) if liveness is None else liveness.timeout(now))
+                if isinstance(data, TimedOut):
+                    if liveness is None:
+                        poll()
+                    elif liveness.expired(clock.now()):
+                        raise liveness.error(clock.now())
+                    continue
+                events = decoder.feed(data) if data else decoder.end()
+                for event in events:
+                    if type(event) is SseData:
+                        if liveness is None:
+                            liveness = Liveness(limits.liveness_ms, clock.now())
+                        else:
+                            liveness.on_data(clock.now())
+                        for out in assembler.feed(parse_chunk(event.data)):
+                            on_event(out)
+                        if assembler.in_reasoning or cap.capped:
+                            self._check_thinking(cap, assembler, exchange, on_event)
+                    elif type(event) is SseDone:
+                        return assembler.result(thinking_capped=cap.capped)
+                    elif type(event) is SseComment:
+                        continue
+                if not data:
+                    # EOF without [DONE]: complete only if the final chunk came.
+                    return assembler.result(thinking_capped=cap.capped)
+        finally:
+            exchange.close()
+
+    def _check_thinking(
+        self, cap: ThinkingCap, assembler: Assembler, exchange: Exchange, on_event: EventSink
+    ) -> None:
+        action = cap.observe(assembler.reasoning_tokens, assembler.in_reasoning)
+        if action is Action.POST_REASONING_END:
+            answer = self._post_reasoning_end(assembler.completion_id)
+            if cap.control_answer(answer is None) is Action.OVERRUN:
+                exchange.close()
+                raise cap.control_error(answer or "")
+            on_event(ThinkingCapped(tokens=assembler.reasoning_tokens))
+        elif action is Action.OVERRUN:
+            exchange.close()
+            raise cap.overrun_error(assembler.reasoning_tokens)
+
+    def _post_reasoning_end(self, completion_id: str | None) -> str | None:
+        """Ask the server to end the thinking block on a second connection: None when it answers
+        `{"success": true}`, else what went wrong."""
+        if completion_id is None:
+            return "the stream carried no completion id"
+        try:
+            answer = self._request_json("POST", CONTROL_PATH, build_control_body(completion_id, self._settings.model))
+        except InferError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if isinstance(answer, dict) and answer.get("success") is True:
+            return None
+        return f"the server answered {json.dumps(answer)[:300]}"
+
+    # -- info ---------------------------------------------------------------------------------
+
+    def props(self) -> Props:
+        data = self._request_json("GET", "/props")
+        try:
+            template = data["chat_template"]
+            total_slots = data["total_slots"]
+            n_ctx = data["default_generation_settings"]["n_ctx"]
+        except (KeyError, TypeError) as exc:
+            raise ProtocolError(f"/props answer lacks {exc}") from exc
+        if not isinstance(template, str) or not isinstance(total_slots, int) or not isinstance(n_ctx, int):
+            raise ProtocolError("/props answer has chat_template, total_slots or n_ctx of the wrong type")
+        return Props(
+            chat_template=template,
+            chat_template_sha256=sha256(template.encode("utf-8")).hex(),
+            total_slots=total_slots,
+            n_ctx=n_ctx,
+            model_alias=_opt_str(data.get("model_alias")),
+            model_path=_opt_str(data.get("model_path")),
+        )
+
+    def slots(self) -> list[SlotInfo]:
+        data = self._request_json("GET", "/slots")
+        if not isinstance(data, list):
+            raise ProtocolError("/slots answer is not a list")
+        out = []
+        for entry in data:
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+                raise ProtocolError(f"/slots entry without an integer id: {str(entry)[:200]}")
+            n_ctx = entry.get("n_ctx")
+            out.append(SlotInfo(entry["id"], bool(entry.get("is_processing")), n_ctx if isinstance(n_ctx, int) else None))
+        return out
+
+    def tokenize(self, text: str) -> list[Token]:
+        body = json.dumps({"content": text, "with_pieces": True}, ensure_ascii=False).encode("utf-8")
+        data = self._request_json("POST", "/tokenize", body)
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, list):
+            raise ProtocolError("/tokenize answer has no token list")
+        out = []
+        for tok in tokens:
+            if not isinstance(tok, dict) or not isinstance(tok.get("id"), int):
+                raise ProtocolError(f"/tokenize entry without an integer id: {str(tok)[:200]}")
+            piece = tok.get("piece")
+            out.append(Token(tok["id"], piece if isinstance(piece, str) else str(piece)))
+        return out
+
+    def _request_json(self, method: str, path: str, body: bytes | None = None) -> Any:
+        """A small request whose answer is one JSON document (not a stream)."""
+        limits = self._limits
+        exchange = self._transport.open(method, path, body, timeout=limits.poll_ms / 1000.0)
+        try:
+            deadline = self._clock.now() + limits.load_wait_ms / 1000.0
+            while True:
+                head = exchange.head(max(0.0, min(limits.poll_ms / 1000.0, deadline - self._clock.now())))
+                if not isinstance(head, TimedOut):
+                    break
+                if self._clock.now() >= deadline:
+                    raise Stalled(f"{method} {path}: no answer within {limits.load_wait_ms} ms")
+            if head.status != 200:
+                raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
+            raw = exchange.read_all(limits.body_bytes, limits.liveness_ms / 1000.0)
+        finally:
+            exchange.close()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise ProtocolError(f"{method} {path}: answer is not JSON: {exc}") from exc
+
+    def _error_body(self, exchange: Exchange) -> bytes:
+        """Up to `error_body_bytes` of an error answer; a longer body is cut, never an error."""
+        limit = self._limits.error_body_bytes
+        timeout = self._limits.poll_ms / 1000.0
+        kept = bytearray()
+        try:
+            while len(kept) < limit:
+                piece = exchange.read(timeout)
+                if isinstance(piece, TimedOut) or not piece:
+                    break
+                kept += piece
+        except InferError:
+            pass  # the status is the news; a body cut short still says what it can
+        return bytes(kept[:limit])
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,248 @@
+"""Folds the decoded chunks of one chat-completions stream into events and one `Completion`.
+
+Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed`, which returns
+the events it carries; `result` gives the `Completion` once the final chunk has been seen.
+
+Invariants:
+- One chunk may carry `prompt_progress` (top level) and a delta; its events come in that order:
+  `Progress`, then `Reasoning`, `Content`, `ToolCallDelta`s. Role-only and empty deltas, and
+  chunks with `choices: []` (usage), yield nothing.
+- Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries
+  them (a later equal value is ignored, a different one is a `ProtocolError`); `arguments`
+  pieces are concatenated; `type` is never concatenated.
+- `timings` are the latest seen on any chunk. `reasoning_tokens` is the `timings.predicted_n` of
+  the latest chunk that carried `reasoning_content` (one per such chunk if the server sent no
+  timings); `in_reasoning` is true from a reasoning delta until a content or tool-call delta or
+  the final chunk.
+- An error chunk (`{"error": ...}`) raises `HttpError(code, the chunk as JSON)`; a malformed
+  chunk raises `ProtocolError`. After either, the assembler refuses further input.
+- `finished` turns true on the chunk with a `finish_reason`; `result` before that raises
+  `StreamClosedEarly`.
+
+`feed` runs once per token, so it avoids validation libraries and allocates only the events.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from domain.completion import Completion, FinishReason, Timings
+from domain.errors import HttpError, InferError, ProtocolError, StreamClosedEarly
+from domain.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
+from domain.messages import ToolCall
+
+_FINISH = {reason.value: reason for reason in FinishReason}
+_NOTHING: tuple[ChatEvent, ...] = ()
+
+
+class _Call:
+    """One tool call being assembled."""
+
+    __slots__ = ("id", "name", "parts")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.parts: list[str] = []
+
+
+def _set_once(index: int, field: str, old: str | None, new: object) -> str | None:
+    if new is None or new == "":
+        return old
+    if type(new) is not str:
+        raise ProtocolError(f"tool call {index}: {field} is a {type(new).__name__}, not a string")
+    if old is not None and old != new:
+        raise ProtocolError(f"tool call {index} changed its {field} from {old!r} to {new!r}")
+    return new
+
+
+def _int_field(data: dict[str, Any], key: str, where: str) -> int:
+    value = data.get(key, 0)
+    if type(value) is not int:
+        raise ProtocolError(f"{where}.{key} is {value!r}, not an integer")
+    return value
+
+
+def _error_from(chunk: dict[str, Any]) -> HttpError:
+    error = chunk["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if type(code) is int and 100 <= code <= 599 else 500
+    return HttpError(status, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
+
+
+class Assembler:
+    """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning` and
+    `finished` between chunks; they are plain attributes for speed, not to be assigned."""
+
+    __slots__ = (
+        "_calls",
+        "_chunks",
+        "_content",
+        "_failed",
+        "_finish",
+        "_reasoning",
+        "_timings",
+        "completion_id",
+        "finished",
+        "in_reasoning",
+        "reasoning_tokens",
+    )
+
+    def __init__(self) -> None:
+        self.completion_id: str | None = None
+        self.reasoning_tokens = 0
+        self.in_reasoning = False
+        self.finished = False
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, _Call] = {}
+        self._timings: dict[str, Any] | None = None
+        self._finish: FinishReason | None = None
+        self._failed: InferError | None = None
+        self._chunks = 0
+
+    def feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
+        """The events `chunk` carries; raises `HttpError` for an error chunk, `ProtocolError`
+        for a malformed one."""
+        if self._failed is not None:
+            raise ProtocolError(f"chunk after the stream failed ({self._failed})")
+        self._chunks += 1
+        try:
+            return self._feed(chunk)
+        except InferError as exc:
+            self._failed = exc
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            self._failed = ProtocolError(f"malformed chunk {self._chunks}: {exc!r}: {str(chunk)[:200]}")
+            raise self._failed from exc
+
+    def _feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
+        if "error" in chunk:
+            raise _error_from(chunk)
+        if self.completion_id is None:
+            cid = chunk.get("id")
+            if type(cid) is str and cid:
+                self.completion_id = cid
+        timings = chunk.get("timings")
+        if timings is not None:
+            self._timings = timings
+        events = _NOTHING
+        progress = chunk.get("prompt_progress")
+        if progress is not None:
+            events = (
+                Progress(
+                    _int_field(progress, "total", "prompt_progress"),
+                    _int_field(progress, "cache", "prompt_progress"),
+                    _int_field(progress, "processed", "prompt_progress"),
+                ),
+            )
+        choices = chunk.get("choices")
+        if not choices:
+            return events
+        if type(choices) is not list:
+            raise ProtocolError(f"chunk {self._chunks}: choices is a {type(choices).__name__}, not a list")
+        if len(choices) != 1:
+            raise ProtocolError(f"chunk {self._chunks} has {len(choices)} choices; one was asked for")
+        choice = choices[0]
+        delta = choice.get("delta")
+        if delta:
+            text = delta.get("reasoning_content")
+            if text is not None:
+                if type(text) is not str:
+                    raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
+                if text:
+                    self.in_reasoning = True
+                    self._reasoning.append(text)
+                    predicted = timings.get("predicted_n") if timings is not None else None
+                    if type(predicted) is int:
+                        self.reasoning_tokens = predicted
+                    elif predicted is None:
+                        self.reasoning_tokens += 1
+                    else:
+                        raise ProtocolError(f"timings.predicted_n is {predicted!r}, not an integer")
+                    events = (*events, Reasoning(text))
+            text = delta.get("content")
+            if text is not None:
+                if type(text) is not str:
+                    raise ProtocolError(f"content is a {type(text).__name__}, not a string")
+                if text:
+                    self.in_reasoning = False
+                    self._content.append(text)
+                    events = (*events, Content(text))
+            calls = delta.get("tool_calls")
+            if calls:
+                self.in_reasoning = False
+                events = (*events, *self._tool_deltas(calls))
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            finish = _FINISH.get(reason)
+            if finish is None:
+                raise ProtocolError(f"unknown finish_reason {reason!r}")
+            self._finish = finish
+            self.finished = True
+            self.in_reasoning = False
+        return events
+
+    def _tool_deltas(self, calls: list[dict[str, Any]]) -> list[ChatEvent]:
+        out: list[ChatEvent] = []
+        for delta in calls:
+            index = delta.get("index")
+            if type(index) is not int or index < 0:
+                raise ProtocolError(f"tool call delta has index {index!r}, not a non-negative integer")
+            call = self._calls.get(index)
+            if call is None:
+                call = self._calls[index] = _Call()
+            function = delta.get("function") or {}
+            new_id = delta.get("id")
+            name = function.get("name")
+            call.id = _set_once(index, "id", call.id, new_id)
+            call.name = _set_once(index, "name", call.name, name)
+            arguments = function.get("arguments")
+            if arguments is None:
+                arguments = ""
+            elif type(arguments) is not str:
+                raise ProtocolError(f"tool call {index}: arguments is a {type(arguments).__name__}")
+            elif arguments:
+                call.parts.append(arguments)
+            out.append(ToolCallDelta(index, new_id or None, name or None, arguments))
+        return out
+
+    @property
+    def timings(self) -> Timings:
+        """The latest per-chunk timings (zeros before any)."""
+        t = self._timings
+        if t is None:
+            return Timings()
+        if not isinstance(t, dict):
+            raise ProtocolError(f"timings is {t!r}, not an object")
+        return Timings(
+            _int_field(t, "cache_n", "timings"),
+            _int_field(t, "prompt_n", "timings"),
+            _int_field(t, "predicted_n", "timings"),
+        )
+
+    def result(self, thinking_capped: bool = False) -> Completion:
+        """The assembled message; `StreamClosedEarly` if the final chunk was never seen."""
+        if self._failed is not None:
+            raise ProtocolError(f"no result: the stream failed ({self._failed})")
+        if self._finish is None:
+            raise StreamClosedEarly(
+                f"the stream ended before its final chunk (no finish_reason after {self._chunks} chunks)"
+            )
+        calls = []
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if call.name is None:
+                raise ProtocolError(f"tool call {index} never named its function")
+            calls.append(ToolCall(call.id or "", call.name, "".join(call.parts)))
+        return Completion(
+            id=self.completion_id or "",
+            content="".join(self._content) if self._content else None,
+            reasoning_content="".join(self._reasoning) if self._reasoning else None,
+            tool_calls=tuple(calls),
+            finish_reason=self._finish,
+            timings=self.timings,
+            reasoning_tokens=self.reasoning_tokens,
+            thinking_capped=thinking_capped,
+        )

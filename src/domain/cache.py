@@ -1,0 +1,44 @@
+"""Did a request reuse the server's prompt cache from the request before it on the same slot?
+
+The previous request left `cache_n + prompt_n + predicted_n` tokens in the slot (its prompt and
+its answer). A follow-up that extends it should find nearly all of them cached: the answer's
+last token and the template's re-rendering of it may differ, hence a tolerance. More than
+`loss_tokens` short is a loss; exactly `loss_tokens` short is not. A pure function; the caller
+logs or checks the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.completion import Timings
+
+CACHE_LOSS_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CacheOutcome:
+    lost: bool
+    expected: int  # tokens the previous request left in the slot
+    cached: int  # tokens this request found cached
+    loss_tokens: int = CACHE_LOSS_TOKENS
+
+    @property
+    def shortfall(self) -> int:
+        """Tokens the cache fell short of `expected` (0 if it did not)."""
+        return max(0, self.expected - self.cached)
+
+    def __str__(self) -> str:
+        verdict = "cache loss" if self.lost else "cache hit"
+        return (
+            f"{verdict}: {self.cached} of {self.expected} tokens cached "
+            f"({self.shortfall} short, loss above {self.loss_tokens})"
+        )
+
+
+def cache_outcome(previous: Timings, current: Timings, loss_tokens: int = CACHE_LOSS_TOKENS) -> CacheOutcome:
+    if loss_tokens < 0:
+        raise ValueError(f"loss_tokens must not be negative, not {loss_tokens}")
+    expected = previous.cache_n + previous.prompt_n + previous.predicted_n
+    cached = current.cache_n
+    return CacheOutcome(expected - cached > loss_tokens, expected, cached, loss_tokens)

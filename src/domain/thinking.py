@@ -1,0 +1,75 @@
+"""The thinking cap: when to ask the server to end reasoning, and when to give up on it.
+
+Fed after every chunk with the assembler's `reasoning_tokens` and `in_reasoning`:
+
+- While reasoning, reaching `cap` tokens (exactly `cap` counts) asks, once, for the client to
+  post `reasoning_end` and emit `ThinkingCapped(capped_at)`; `capped_at` is the count seen then
+  (chunks may carry several tokens, so it can pass `cap`).
+- After that, `overrun` more reasoning tokens are tolerated; reasoning still going on beyond
+  `capped_at + overrun` is `OVERRUN` (the client closes the connection, which cancels generation,
+  and raises `ThinkingOverrun`). Once reported, `OVERRUN` is reported again on every call.
+- A control call that does not answer `success: true` is `OVERRUN` too. (The server answers
+  `success: false` also when the completion ended a moment before the call arrived; the brief
+  treats every such answer alike.)
+- Outside the thinking block nothing happens, whatever the count.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from domain.errors import ThinkingOverrun
+
+
+class Action(enum.Enum):
+    NONE = "none"
+    POST_REASONING_END = "post_reasoning_end"
+    OVERRUN = "overrun"
+
+
+class ThinkingCap:
+    __slots__ = ("_cap", "_overran", "_overrun", "capped", "capped_at")
+
+    def __init__(self, cap: int, overrun: int) -> None:
+        if cap <= 0 or overrun < 0:
+            raise ValueError(f"thinking cap {cap} must be positive and overrun {overrun} not negative")
+        self._cap = cap
+        self._overrun = overrun
+        self._overran = False
+        self.capped = False
+        self.capped_at = 0  # the reasoning token count when `POST_REASONING_END` was decided
+
+    def observe(self, reasoning_tokens: int, in_reasoning: bool) -> Action:
+        if self._overran:
+            return Action.OVERRUN
+        if not in_reasoning:
+            return Action.NONE
+        if not self.capped:
+            if reasoning_tokens >= self._cap:
+                self.capped = True
+                self.capped_at = reasoning_tokens
+                return Action.POST_REASONING_END
+            return Action.NONE
+        if reasoning_tokens > self.capped_at + self._overrun:
+            self._overran = True
+            return Action.OVERRUN
+        return Action.NONE
+
+    def control_answer(self, success: bool) -> Action:
+        """The answer to the `reasoning_end` call: anything but `success: true` is `OVERRUN`."""
+        if success is not True:
+            self._overran = True
+            return Action.OVERRUN
+        return Action.NONE
+
+    def overrun_error(self, reasoning_tokens: int) -> ThinkingOverrun:
+        """The error to raise after `observe` answered `OVERRUN`."""
+        return ThinkingOverrun(
+            f"reasoning went on to {reasoning_tokens} tokens after reasoning_end was posted at "
+            f"{self.capped_at} (cap {self._cap}, {self._overrun} more allowed)"
+        )
+
+    def control_error(self, answer: str) -> ThinkingOverrun:
+        """The error to raise after `control_answer` answered `OVERRUN`; `answer` says what the
+        server said (or why there was no answer)."""
+        return ThinkingOverrun(f"reasoning_end posted at {self.capped_at} reasoning tokens was not accepted: {answer}")

@@ -1,0 +1,193 @@
+"""How long a request may wait: before its first data event, and between data events after it.
+
+Both are pure state machines over times in seconds from a `Clock` (`now` values passed in).
+
+**Before the first data event** (`FirstByteWait`). The caller reads with the timeout from
+`timeout(now)`; each time that runs out it asks the slot's state and calls `on_poll(now, state)`,
+which always returns one `Waiting` event to emit and, when a limit is reached, the error to raise
+after emitting it.
+
+The time since the previous poll (since sending, for the first poll) is charged to the state
+seen at this poll, and each state has its own budget over the whole wait:
+
+- busy: cumulative busy time reaching `busy_wait_ms` is `WaitTimeout`;
+- unavailable (loading, restarting, no answer): cumulative time reaching `load_wait_ms` is
+  `LoadTimeout`;
+- idle with no byte yet: cumulative idle time reaching `idle_grace_ms` is `Stalled`.
+
+A change of state resets nothing, so a slot that flips between states cannot keep a request
+waiting forever: the whole wait ends before `busy_wait_ms + load_wait_ms + idle_grace_ms` plus
+one poll. A model load followed by a long queue gets both budgets (load time does not eat into
+the busy budget). A glimpse of an idle slot between two other requests costs one poll interval
+of the idle grace; an idle slot while our request is queued on it is the anomaly the grace is
+for, so that is the intended price. Reaching a budget exactly is a timeout.
+
+**After the first data event** (`Liveness`). Every data event (progress or delta) restarts the
+silence timer; keep-alive comments are not data and restart nothing. Silence reaching
+`liveness_ms` is `Stalled`. There is no total deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from domain.errors import InferError, LoadTimeout, Stalled, WaitTimeout
+from domain.events import Waiting
+from ports.slot_probe import SlotState
+
+
+@dataclass(frozen=True, slots=True)
+class WaitDecision:
+    """The outcome of one poll: emit `event`, then raise `error` if it is set."""
+
+    event: Waiting
+    error: InferError | None = None
+
+    @property
+    def slot_busy(self) -> bool:
+        return self.event.slot_busy
+
+    @property
+    def give_up(self) -> bool:
+        return self.error is not None
+
+
+# Times are float seconds summed over polls; a budget reached to within a nanosecond is reached.
+_EPS_S = 1e-9
+
+
+def _reached(charged_s: float, limit_ms: float) -> bool:
+    return charged_s >= limit_ms / 1000 - _EPS_S
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _positive(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of milliseconds, not {value!r}")
+    return value
+
+
+class FirstByteWait:
+    """The wait for the first data event of one request sent at `sent_at` (seconds); the
+    limits are in milliseconds and must be positive."""
+
+    __slots__ = (
+        "_busy",
+        "_busy_wait_ms",
+        "_idle",
+        "_idle_grace_ms",
+        "_last",
+        "_load_wait_ms",
+        "_poll_s",
+        "_polls",
+        "_sent_at",
+        "_slot",
+        "_unavailable",
+    )
+
+    def __init__(
+        self,
+        *,
+        poll_ms: float,
+        busy_wait_ms: float,
+        load_wait_ms: float,
+        idle_grace_ms: float,
+        sent_at: float,
+        slot: int | None = None,
+    ) -> None:
+        self._poll_s = _positive("poll_ms", poll_ms) / 1000
+        self._busy_wait_ms = _positive("busy_wait_ms", busy_wait_ms)
+        self._load_wait_ms = _positive("load_wait_ms", load_wait_ms)
+        self._idle_grace_ms = _positive("idle_grace_ms", idle_grace_ms)
+        self._sent_at = sent_at
+        self._slot = slot
+        self._last = sent_at
+        self._busy = 0.0
+        self._unavailable = 0.0
+        self._idle = 0.0
+        self._polls = 0
+
+    @property
+    def busy_s(self) -> float:
+        """Busy time charged so far."""
+        return self._busy
+
+    @property
+    def unavailable_s(self) -> float:
+        return self._unavailable
+
+    @property
+    def idle_s(self) -> float:
+        return self._idle
+
+    def timeout(self, now: float) -> float:
+        """Seconds until the next poll is due (0 if overdue): the read timeout to use, so bytes
+        that are not data (a keep-alive comment, headers) do not shift the poll cadence."""
+        return max(0.0, self._last + self._poll_s - now)
+
+    def on_poll(self, now: float, state: SlotState) -> WaitDecision:
+        """Charge the time since the last poll to `state` and decide."""
+        interval = max(0.0, now - self._last)
+        self._last = max(self._last, now)
+        self._polls += 1
+        if state is SlotState.BUSY:
+            self._busy += interval
+            event = Waiting(slot_busy=True)
+            if _reached(self._busy, self._busy_wait_ms):
+                return WaitDecision(event, WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms)))
+            return WaitDecision(event)
+        event = Waiting(slot_busy=False)
+        if state is SlotState.UNAVAILABLE:
+            self._unavailable += interval
+            if _reached(self._unavailable, self._load_wait_ms):
+                text = self._message("was unavailable (loading or restarting)", self._unavailable, self._load_wait_ms)
+                return WaitDecision(event, LoadTimeout(text))
+            return WaitDecision(event)
+        if state is SlotState.IDLE:
+            self._idle += interval
+            if _reached(self._idle, self._idle_grace_ms):
+                text = self._message("was idle with no answer", self._idle, self._idle_grace_ms)
+                return WaitDecision(event, Stalled(text))
+            return WaitDecision(event)
+        raise ValueError(f"unknown slot state {state!r}")
+
+    def _message(self, what: str, charged: float, limit_ms: float) -> str:
+        slot = "the slot" if self._slot is None else f"slot {self._slot}"
+        waited = self._last - self._sent_at
+        return (
+            f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms); "
+            f"no data {_ms(waited)} after sending, {self._polls} polls"
+        )
+
+
+class Liveness:
+    """Silence limit after the first data event; `now` is when that event arrived."""
+
+    __slots__ = ("_last", "_limit")
+
+    def __init__(self, liveness_ms: float, now: float) -> None:
+        self._limit = _positive("liveness_ms", liveness_ms) / 1000
+        self._last = now
+
+    def on_data(self, now: float) -> None:
+        """A data event (progress or delta) arrived; not for keep-alive comments."""
+        if now > self._last:
+            self._last = now
+
+    def silence(self, now: float) -> float:
+        """Seconds since the last data event."""
+        return max(0.0, now - self._last)
+
+    def timeout(self, now: float) -> float:
+        """Seconds left until the silence is `Stalled` (0 once expired): the read timeout to use."""
+        return 0.0 if self.expired(now) else self._last + self._limit - now
+
+    def expired(self, now: float) -> bool:
+        """Whether the silence has reached the limit (reaching it exactly counts)."""
+        return now - self._last >= self._limit - _EPS_S
+
+    def error(self, now: float) -> Stalled:
+        return Stalled(f"no data for {_ms(self.silence(now))} (liveness limit {_ms(self._limit)})")

@@ -1,0 +1,372 @@
+"""Start and stop a real llama-server for device tests and the transcript recorder.
+
+    with start_server("thinking") as server:
+        status, body = server.get_json("/props")
+
+Presets (all on 127.0.0.1, a free port, ``-t 2``, ``--no-webui``, the SSE ping interval below):
+
+- ``thinking``: the small model under ``Qwen3.5-4B.jinja``. The generation prompt opens
+  ``<think>\\n`` unless ``chat_template_kwargs.enable_thinking`` is false, so reasoning runs away on
+  demand (``LONG_STORY_PROMPT`` at temperature 0).
+- ``tools``: the small model under ``Qwen-Qwen3-0.6B.jinja``. It does not think and does not call
+  tools on its own; ending the messages with an assistant message holding ``TOOL_PREFILL`` makes
+  the server complete the call and parse it (``finish_reason`` ``tool_calls``).
+- ``router``: no ``-m``; ``--models-dir`` is the cache folder holding only the small model, whose
+  router name is ``ROUTER_MODEL``. Loads it on the first request that names it.
+
+Both model presets run 2 slots over ``-c 8192`` with ``--no-kv-unified``: per-slot ``n_ctx`` 4096.
+
+Invariants: every started process is stopped by ``stop()`` (terminate, wait, kill), by the context
+manager's exit even when the body raises, and by an ``atexit`` hook as a last resort. The server
+runs in its own session so router children are reaped with it. Health waits have a deadline and
+their failure carries the tail of the server's log.
+
+HTTP here uses ``http.client`` over TCP: test helpers play the client of the real upstream.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+ALIAS = "test-model"
+SLOTS = 2
+CONTEXT = 8192  # over SLOTS slots with --no-kv-unified: 4096 per slot
+SLOT_CONTEXT = CONTEXT // SLOTS
+THREADS = 2
+SSE_PING_INTERVAL = 10
+HEALTH_DEADLINE_S = 60.0
+
+THINKING_TEMPLATE = "Qwen3.5-4B.jinja"
+TOOLS_TEMPLATE = "Qwen-Qwen3-0.6B.jinja"
+TOOL_PREFILL = '<tool_call>\n{"name": "get_time", "arguments": {"city": "'
+LONG_STORY_PROMPT = "Write a long story about a lighthouse keeper and a storm. Use many sentences."
+GET_TIME_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Get the current local time in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name."}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _load_setup_script() -> ModuleType:
+    path = REPO / "scripts" / "llama_server.py"
+    spec = importlib.util.spec_from_file_location("inferpath_llama_server_setup", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+setup = _load_setup_script()
+ROUTER_MODEL = str(setup.MODEL_FILE).removesuffix(".gguf")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    template: str | None
+    router: bool = False
+    extra: tuple[str, ...] = ()
+
+
+PRESETS: dict[str, Preset] = {
+    "thinking": Preset("thinking", THINKING_TEMPLATE),
+    "tools": Preset("tools", TOOLS_TEMPLATE),
+    "router": Preset("router", TOOLS_TEMPLATE, router=True),
+}
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or stayed unhealthy past the deadline; the message holds its log tail."""
+
+
+def paths() -> Any:
+    """The cached binary, templates and model (``scripts/llama_server.py``'s ``ServerPaths``)."""
+    return setup.server_paths()
+
+
+def missing_artifacts() -> list[str]:
+    """What ``make llama-server model`` still has to provide, as readable lines; empty if nothing."""
+    found = paths()
+    missing = []
+    if not found.binary.is_file():
+        missing.append(f"llama-server binary not found at {found.binary} (run `make llama-server`)")
+    if not found.templates.is_dir():
+        missing.append(f"chat templates not found at {found.templates} (run `make llama-server`)")
+    if not found.model.is_file():
+        missing.append(f"model not found at {found.model} (run `make model`)")
+    return missing
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+# Last-resort cleanup: servers still running when the interpreter exits.
+_LIVE: dict[int, LlamaServer] = {}
+
+
+def _stop_all() -> None:
+    for server in list(_LIVE.values()):
+        server.stop()
+
+
+atexit.register(_stop_all)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class LlamaServer:
+    preset: str
+    host: str
+    port: int
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    _log_file: Any = field(repr=False)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def log_text(self, tail: int = 8000) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return f"(no log at {self.log_path}: {exc})"
+        return text[-tail:]
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Terminate, wait, then kill; reap router children left in the server's session."""
+        process = self.process
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout)
+        # The server leads its own process group; anything left in it is ours to end.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        _LIVE.pop(process.pid, None)
+        if not self._log_file.closed:
+            self._log_file.close()
+
+    # --- HTTP (test helpers only) ---
+
+    def connection(self, timeout: float = 60.0) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, timeout: float = 60.0
+    ) -> Response:
+        conn = self.connection(timeout)
+        try:
+            payload = None if body is None else json.dumps(body).encode()
+            headers = {"Content-Type": "application/json"} if payload is not None else {}
+            conn.request(method, path, body=payload, headers=headers)
+            resp = conn.getresponse()
+            return Response(resp.status, resp.getheaders(), resp.read())
+        finally:
+            conn.close()
+
+    def get_json(self, path: str) -> tuple[int, Any]:
+        resp = self.request("GET", path)
+        return resp.status, resp.json()
+
+    def post_json(self, path: str, body: Mapping[str, Any], timeout: float = 120.0) -> tuple[int, Any]:
+        resp = self.request("POST", path, body, timeout)
+        return resp.status, resp.json()
+
+    @contextlib.contextmanager
+    def stream(self, path: str, body: Mapping[str, Any], timeout: float = 120.0) -> Iterator[Iterator[Any]]:
+        """POST ``body`` and yield an iterator of the decoded ``data:`` payloads up to ``[DONE]``.
+
+        Comment lines are skipped. Leaving the ``with`` closes the connection, which cancels a
+        generation still running.
+        """
+        conn = self.connection(timeout)
+        try:
+            conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise AssertionError(f"POST {path} answered {resp.status}: {resp.read()[:2000]!r}")
+            yield _events(resp)
+        finally:
+            conn.close()
+
+
+def _events(resp: http.client.HTTPResponse) -> Iterator[Any]:
+    data: list[str] = []
+    while True:
+        raw = resp.readline()
+        if not raw:
+            return
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line == "":
+            if data:
+                payload = "\n".join(data)
+                data = []
+                if payload == "[DONE]":
+                    return
+                yield json.loads(payload)
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value.removeprefix(" "))
+
+
+def server_argv(
+    preset: Preset,
+    port: int,
+    *,
+    slots: int = SLOTS,
+    context: int = CONTEXT,
+    ping_interval: int = SSE_PING_INTERVAL,
+    template: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    found = paths()
+    argv = [str(found.binary)]
+    if preset.router:
+        argv += ["--models-dir", str(found.models_dir)]
+    else:
+        argv += ["-m", str(found.model), "--alias", ALIAS]
+    argv += [
+        "--host", HOST, "--port", str(port),
+        "-c", str(context), "-np", str(slots), "--no-kv-unified",
+        "-t", str(THREADS), "--no-webui", "--sse-ping-interval", str(ping_interval),
+    ]
+    chosen = template if template is not None else preset.template
+    if chosen is not None:
+        argv += ["--chat-template-file", str(found.template(chosen))]
+    return argv + list(preset.extra) + list(extra_args)
+
+
+def _wait_healthy(server: LlamaServer, deadline_s: float) -> None:
+    deadline = time.monotonic() + deadline_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if not server.running():
+            raise ServerStartError(
+                f"llama-server ({server.preset}) exited with {server.process.returncode} before /health "
+                f"answered 200\nargv: {' '.join(server.argv)}\nlog {server.log_path}:\n{server.log_text()}"
+            )
+        try:
+            resp = server.request("GET", "/health", timeout=2.0)
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        else:
+            if resp.status == 200:
+                return
+            last = f"{resp.status} {resp.body[:200]!r}"
+        time.sleep(0.05)
+    raise ServerStartError(
+        f"llama-server ({server.preset}) not healthy after {deadline_s:.0f} s (last: {last})\n"
+        f"argv: {' '.join(server.argv)}\nlog {server.log_path}:\n{server.log_text()}"
+    )
+
+
+def launch(
+    preset: str,
+    *,
+    log_dir: Path | None = None,
+    health_deadline_s: float = HEALTH_DEADLINE_S,
+    slots: int = SLOTS,
+    context: int = CONTEXT,
+    ping_interval: int = SSE_PING_INTERVAL,
+    template: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> LlamaServer:
+    """Start a server and wait for /health 200; the caller must ``stop()`` it (prefer start_server)."""
+    chosen = PRESETS[preset]
+    missing = missing_artifacts()
+    if missing:
+        raise ServerStartError("cannot start llama-server:\n" + "\n".join(missing))
+    directory = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="inferpath-llama-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    attempts = 3  # a free port can be taken between probing and binding
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        argv = server_argv(
+            chosen, port, slots=slots, context=context, ping_interval=ping_interval,
+            template=template, extra_args=extra_args,
+        )
+        log_path = directory / f"llama-server-{preset}-{port}.log"
+        log_file = log_path.open("wb")
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=setup.server_env(paths()),
+            start_new_session=True,
+        )
+        server = LlamaServer(preset, HOST, port, argv, log_path, process, log_file)
+        _LIVE[process.pid] = server
+        try:
+            _wait_healthy(server, health_deadline_s)
+        except ServerStartError:
+            server.stop()
+            bind_failed = "bind" in server.log_text().lower()
+            if attempt < attempts and bind_failed:
+                continue
+            raise
+        except BaseException:
+            server.stop()
+            raise
+        return server
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def start_server(preset: str, **overrides: Any) -> Iterator[LlamaServer]:
+    """Run a preset for the ``with`` body; overrides are ``launch``'s keyword arguments."""
+    server = launch(preset, **overrides)
+    try:
+        yield server
+    finally:
+        server.stop()

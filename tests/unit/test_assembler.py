@@ -1,0 +1,301 @@
+"""The assembler on hand-written chunks in llama-server's shapes (see docs on the wire)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from domain.assembler import Assembler
+from domain.completion import FinishReason, Timings
+from domain.errors import HttpError, ProtocolError, StreamClosedEarly
+from domain.events import Content, Progress, Reasoning, ToolCallDelta
+from domain.messages import ToolCall
+
+CID = "chatcmpl-0123456789abcdef0123456789abcdef"
+
+
+def chunk(
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    timings: tuple[int, int, int] | None = None,
+    progress: tuple[int, int, int] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "choices": [{"index": 0, "delta": {} if delta is None else delta, "finish_reason": finish}],
+        "id": CID,
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "test-model",
+    }
+    if timings is not None:
+        cache_n, prompt_n, predicted_n = timings
+        out["timings"] = {
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "predicted_n": predicted_n,
+            "prompt_ms": 1.0,
+            "predicted_per_second": 100.0,
+        }
+    if progress is not None:
+        total, cache, processed = progress
+        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
+    return out
+
+
+ROLE = {"role": "assistant", "content": None}
+
+
+def feed_all(asm: Assembler, chunks: list[dict[str, Any]]) -> list[Any]:
+    events: list[Any] = []
+    for c in chunks:
+        events.extend(asm.feed(c))
+    return events
+
+
+def test_plain_answer_gives_content_events_and_completion() -> None:
+    asm = Assembler()
+    events = feed_all(
+        asm,
+        [
+            chunk(ROLE, progress=(20, 0, 20)),
+            chunk({"content": "Hel"}, timings=(0, 20, 1)),
+            chunk({"content": "lo"}, timings=(0, 20, 2)),
+            chunk({}, finish="stop", timings=(0, 20, 3)),
+        ],
+    )
+    assert events == [Progress(20, 0, 20), Content("Hel"), Content("lo")]
+    assert asm.finished
+    assert asm.completion_id == CID
+    done = asm.result(thinking_capped=False)
+    assert done.id == CID
+    assert done.content == "Hello"
+    assert done.reasoning_content is None
+    assert tuple(done.tool_calls) == ()
+    assert done.finish_reason is FinishReason.STOP
+    assert done.timings == Timings(0, 20, 3)
+    assert done.reasoning_tokens == 0
+    assert done.thinking_capped is False
+
+
+def test_thinking_then_answer_counts_reasoning_tokens_from_predicted_n() -> None:
+    asm = Assembler()
+    assert asm.feed(chunk({"reasoning_content": "Let"}, timings=(0, 9, 1))) == (Reasoning("Let"),)
+    assert asm.in_reasoning and asm.reasoning_tokens == 1
+    asm.feed(chunk({"reasoning_content": " me"}, timings=(0, 9, 3)))
+    assert asm.reasoning_tokens == 3
+    assert asm.feed(chunk({"content": "Hi"}, timings=(0, 9, 5))) == (Content("Hi"),)
+    # Content tokens are generated after the thinking block: they do not count as reasoning.
+    assert not asm.in_reasoning and asm.reasoning_tokens == 3
+    asm.feed(chunk({}, finish="stop", timings=(0, 9, 6)))
+    done = asm.result(True)
+    assert done.reasoning_content == "Let me"
+    assert done.content == "Hi"
+    assert done.reasoning_tokens == 3
+    assert done.thinking_capped is True
+
+
+def test_reasoning_without_timings_counts_one_token_per_chunk() -> None:
+    asm = Assembler()
+    for piece in "abc":
+        asm.feed(chunk({"reasoning_content": piece}))
+    assert asm.reasoning_tokens == 3
+
+
+def test_streamed_tool_call_merges_by_index() -> None:
+    asm = Assembler()
+    first = {
+        "tool_calls": [
+            {"index": 0, "id": "call1", "type": "function", "function": {"name": "get_time", "arguments": '{"city":'}}
+        ]
+    }
+    events = feed_all(
+        asm,
+        [
+            chunk(ROLE),
+            chunk(first, timings=(0, 50, 1)),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Oslo"'}}]}, timings=(0, 50, 2)),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, timings=(0, 50, 3)),
+            chunk({}, finish="tool_calls", timings=(0, 50, 3)),
+        ],
+    )
+    assert events == [
+        ToolCallDelta(0, "call1", "get_time", '{"city":'),
+        ToolCallDelta(0, None, None, ' "Oslo"'),
+        ToolCallDelta(0, None, None, "}"),
+    ]
+    done = asm.result(False)
+    assert list(done.tool_calls) == [ToolCall("call1", "get_time", '{"city": "Oslo"}')]
+    assert done.content is None
+    assert done.finish_reason is FinishReason.TOOL_CALLS
+
+
+def test_several_tool_calls_come_back_in_index_order() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": "{}"}}]}))
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}]}))
+    asm.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}))
+    asm.feed(chunk({}, finish="tool_calls"))
+    assert list(asm.result().tool_calls) == [ToolCall("a", "f", "{}"), ToolCall("b", "g", "{}")]
+
+
+def test_repeated_equal_id_and_name_are_set_once_not_concatenated() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "x", "type": "function", "function": {"name": "f"}}]}))
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "x", "type": "function", "function": {"name": "f"}}]}))
+    asm.feed(chunk({}, finish="tool_calls"))
+    assert list(asm.result().tool_calls) == [ToolCall("x", "f", "")]
+
+
+def test_a_tool_call_changing_its_id_is_a_protocol_error() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "x", "function": {"name": "f"}}]}))
+    with pytest.raises(ProtocolError, match="tool call 0 changed its id from 'x' to 'y'"):
+        asm.feed(chunk({"tool_calls": [{"index": 0, "id": "y"}]}))
+
+
+def test_a_tool_call_that_never_names_its_function_is_a_protocol_error() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "x", "function": {"arguments": "{}"}}]}))
+    asm.feed(chunk({}, finish="tool_calls"))
+    with pytest.raises(ProtocolError, match="never named its function"):
+        asm.result()
+
+
+def test_length_finish_keeps_the_partial_tool_call() -> None:
+    # The server may stop on max_tokens in the middle of a call: finish_reason is "length".
+    asm = Assembler()
+    asm.feed(chunk({"tool_calls": [{"index": 0, "id": "x", "function": {"name": "f", "arguments": '{"a'}}]}))
+    asm.feed(chunk({}, finish="length"))
+    done = asm.result()
+    assert done.finish_reason is FinishReason.LENGTH
+    assert list(done.tool_calls) == [ToolCall("x", "f", '{"a')]
+
+
+def test_role_only_and_empty_deltas_yield_nothing() -> None:
+    asm = Assembler()
+    assert asm.feed(chunk(ROLE)) == ()
+    assert asm.feed(chunk({})) == ()
+    assert asm.feed(chunk({"content": ""})) == ()
+    assert asm.feed(chunk({"reasoning_content": ""})) == ()
+    assert asm.feed(chunk({"tool_calls": []})) == ()
+    assert not asm.in_reasoning
+
+
+def test_progress_rides_with_a_role_only_delta() -> None:
+    asm = Assembler()
+    assert asm.feed(chunk(ROLE, progress=(100, 40, 60))) == (Progress(100, 40, 60),)
+    assert asm.feed(chunk(ROLE, progress=(100, 40, 100))) == (Progress(100, 40, 100),)
+
+
+def test_usage_chunk_with_empty_choices_is_accepted_and_keeps_timings() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"content": "a"}, timings=(1, 2, 1)))
+    asm.feed(chunk({}, finish="stop", timings=(1, 2, 2)))
+    assert (
+        asm.feed(
+            {
+                "choices": [],
+                "id": CID,
+                "usage": {"total_tokens": 5},
+                "timings": {"cache_n": 1, "prompt_n": 2, "predicted_n": 2},
+            }
+        )
+        == ()
+    )
+    assert asm.result().timings == Timings(1, 2, 2)
+
+
+def test_latest_timings_win() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"content": "a"}, timings=(5, 6, 1)))
+    asm.feed(chunk({"content": "b"}, timings=(5, 6, 2)))
+    asm.feed(chunk({}, finish="stop"))  # no timings on this one: the latest stays
+    assert asm.result().timings == Timings(5, 6, 2)
+
+
+def test_no_timings_at_all_gives_zeros() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"content": "a"}))
+    asm.feed(chunk({}, finish="stop"))
+    assert asm.result().timings == Timings(0, 0, 0)
+
+
+def test_completion_id_comes_from_the_first_chunk() -> None:
+    asm = Assembler()
+    first = chunk(ROLE)
+    first["id"] = "chatcmpl-first"
+    asm.feed(first)
+    asm.feed(chunk({"content": "a"}))
+    assert asm.completion_id == "chatcmpl-first"
+
+
+def test_stream_without_finish_reason_is_closed_early() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"content": "a"}))
+    assert not asm.finished
+    with pytest.raises(StreamClosedEarly, match="no finish_reason after 1 chunks"):
+        asm.result()
+
+
+def test_empty_stream_is_closed_early() -> None:
+    with pytest.raises(StreamClosedEarly):
+        Assembler().result()
+
+
+def test_error_chunk_raises_http_error_with_its_code_and_json() -> None:
+    asm = Assembler()
+    asm.feed(chunk({"content": "a"}))
+    err = {"error": {"code": 500, "message": "boom", "type": "server_error"}}
+    with pytest.raises(HttpError) as info:
+        asm.feed(err)
+    assert info.value.status == 500
+    assert json.loads(info.value.body) == err
+
+
+def test_error_chunk_with_503_keeps_the_status() -> None:
+    with pytest.raises(HttpError) as info:
+        Assembler().feed({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+    assert info.value.status == 503
+
+
+def test_error_chunk_without_a_code_is_a_500() -> None:
+    with pytest.raises(HttpError) as info:
+        Assembler().feed({"error": "something broke"})
+    assert info.value.status == 500
+
+
+def test_after_an_error_the_assembler_refuses_more_input_and_a_result() -> None:
+    asm = Assembler()
+    with pytest.raises(HttpError):
+        asm.feed({"error": {"code": 500, "message": "boom"}})
+    with pytest.raises(ProtocolError, match="after the stream failed"):
+        asm.feed(chunk({"content": "a"}))
+    with pytest.raises(ProtocolError, match="the stream failed"):
+        asm.result()
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (chunk({"content": 5}), "content is a int"),
+        (chunk({"reasoning_content": ["x"]}), "reasoning_content is a list"),
+        (chunk({}, finish="content_filter"), "unknown finish_reason 'content_filter'"),
+        (chunk({"tool_calls": [{"function": {"name": "f"}}]}), "index None"),
+        (chunk({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": {}}}]}), "arguments is a dict"),
+        ({"choices": [{"delta": {}}, {"delta": {}}]}, "2 choices"),
+        ({"choices": "nope"}, "choices is a str, not a list"),
+        ({"choices": [{"delta": "x"}]}, "malformed chunk 1"),
+        ({"prompt_progress": {"total": "x"}}, r"prompt_progress\.total is 'x'"),
+        (chunk({"reasoning_content": "a"}, timings=(0, 0, 0)) | {"timings": {"predicted_n": "2"}}, "predicted_n"),
+    ],
+)
+def test_malformed_chunks_are_protocol_errors_naming_the_field(bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        Assembler().feed(bad)
+
+
+def test_a_chunk_that_is_not_an_object_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="malformed chunk"):
+        Assembler().feed([1, 2])  # type: ignore[arg-type]

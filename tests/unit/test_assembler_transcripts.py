@@ -1,0 +1,134 @@
+"""Recorded streams reassemble to the server's own non-stream answer, however the bytes are cut.
+
+The brief's "streamed deltas reassemble exactly": for every recorded stream, the body cut at any
+points, decoded by the SSE decoder and fed to the assembler, gives a `Completion` whose content,
+reasoning, tool calls and finish reason equal the `message` of the non-stream answer the server
+gave to the same request. Tool-call ids are random per request, so only their presence is
+compared. Streams recorded without a non-stream twin (a forced end to reasoning cannot be
+replayed) are checked against the text of their own deltas instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
+from domain.assembler import Assembler
+from domain.completion import Completion, FinishReason
+from domain.events import Content, Progress, Reasoning
+from transcripts import TRANSCRIPTS, Case, case_names, load_case
+
+MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
+
+
+def _is_stream(case: Case) -> bool:
+    content_type = (case.response.header("Content-Type") or "").lower()
+    return case.status == 200 and "text/event-stream" in content_type
+
+
+def _stream_cases() -> list[Any]:
+    if not (TRANSCRIPTS / "index.json").exists():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
+    names = [name for name in case_names() if _is_stream(load_case(name))]
+    if not names:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="no streamed case recorded"), id="none")]
+    return names
+
+
+STREAM_CASES = _stream_cases()
+
+
+def assemble(body: bytes, cuts: list[int]) -> tuple[Completion, list[Any]]:
+    """Decode `body` fed in pieces cut at `cuts`, and assemble it, as the client does."""
+    decoder = SseDecoder()
+    assembler = Assembler()
+    events: list[Any] = []
+    bounds = [0, *sorted(set(cuts)), len(body)]
+    done = False
+    for start, end in itertools.pairwise(bounds):
+        for sse in decoder.feed(body[start:end]):
+            if type(sse) is SseData:
+                events.extend(assembler.feed(parse_chunk(sse.data)))
+            elif type(sse) is SseDone:
+                done = True
+    decoder.end()
+    assert done, "the recorded stream ends with [DONE]"
+    return assembler.result(), events
+
+
+def expected_message(case: Case) -> dict[str, Any] | None:
+    nonstream = case.nonstream
+    if not nonstream:
+        return None
+    choice = nonstream["choices"][0]
+    message: dict[str, Any] = choice["message"]
+    return {
+        # The non-stream answer may say "" where the stream sent no content delta at all.
+        "content": message.get("content") or None,
+        "reasoning_content": message.get("reasoning_content") or None,
+        "tool_calls": [
+            (call["function"]["name"], call["function"]["arguments"]) for call in message.get("tool_calls") or []
+        ],
+        "finish_reason": FinishReason(choice["finish_reason"]),
+    }
+
+
+def check(case: Case, completion: Completion, events: list[Any]) -> None:
+    expected = expected_message(case)
+    if expected is None:
+        texts = [c["choices"][0]["delta"] for c in case.events() if c.get("choices")]
+        content = "".join(d.get("content") or "" for d in texts) or None
+        reasoning = "".join(d.get("reasoning_content") or "" for d in texts) or None
+        assert (completion.content, completion.reasoning_content) == (content, reasoning)
+    else:
+        assert completion.content == expected["content"]
+        assert completion.reasoning_content == expected["reasoning_content"]
+        assert [(c.name, c.arguments) for c in completion.tool_calls] == expected["tool_calls"]
+        assert all(c.id for c in completion.tool_calls)
+        assert completion.finish_reason is expected["finish_reason"]
+    assert "".join(e.text for e in events if isinstance(e, Content)) == (completion.content or "")
+    assert "".join(e.text for e in events if isinstance(e, Reasoning)) == (completion.reasoning_content or "")
+    assert completion.id.startswith("chatcmpl-")
+    assert completion.timings.predicted_n > 0
+
+
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_whole_stream_reassembles_to_the_non_stream_answer(name: str) -> None:
+    case = load_case(name)
+    completion, events = assemble(case.body, [])
+    check(case, completion, events)
+
+
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_stream_fed_byte_by_byte_reassembles_the_same(name: str) -> None:
+    case = load_case(name)
+    whole, whole_events = assemble(case.body, [])
+    completion, events = assemble(case.body, list(range(1, len(case.body))))
+    assert (completion, events) == (whole, whole_events)
+
+
+@pytest.mark.parametrize("name", STREAM_CASES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_cutting_of_the_stream_reassembles_the_same(name: str, data: st.DataObject) -> None:
+    case = load_case(name)
+    whole, whole_events = assemble(case.body, [])
+    size = len(case.body)
+    cuts = data.draw(st.lists(st.integers(1, max(1, size - 1)), max_size=64), label="cuts")
+    completion, events = assemble(case.body, cuts)
+    assert (completion, events) == (whole, whole_events)
+
+
+@pytest.mark.parametrize("name", STREAM_CASES)
+def test_progress_events_come_before_any_text(name: str) -> None:
+    case = load_case(name)
+    _, events = assemble(case.body, [])
+    kinds = [type(e) for e in events]
+    if Progress in kinds:
+        last_progress = max(i for i, k in enumerate(kinds) if k is Progress)
+        assert all(k is Progress for k in kinds[: last_progress + 1])

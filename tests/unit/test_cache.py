@@ -1,0 +1,52 @@
+"""cache_outcome: a loss is more than `loss_tokens` short of what the previous request left."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.cache import CacheOutcome, cache_outcome
+from domain.completion import Timings
+
+PREVIOUS = Timings(cache_n=100, prompt_n=900, predicted_n=200)  # 1200 tokens left in the slot
+
+
+@pytest.mark.parametrize(("cached", "lost"), [(1200, False), (1137, False), (1136, False), (1135, True), (0, True)])
+def test_loss_boundary_at_64_tokens_short(cached: int, lost: bool) -> None:
+    outcome = cache_outcome(PREVIOUS, Timings(cache_n=cached, prompt_n=50, predicted_n=10))
+    assert outcome.lost is lost
+    assert outcome.expected == 1200
+    assert outcome.cached == cached
+
+
+def test_more_cached_than_expected_is_a_hit() -> None:
+    outcome = cache_outcome(PREVIOUS, Timings(cache_n=1300))
+    assert not outcome.lost
+    assert outcome.shortfall == 0
+
+
+def test_loss_tokens_is_configurable() -> None:
+    assert cache_outcome(PREVIOUS, Timings(cache_n=1190), loss_tokens=10).lost is False
+    assert cache_outcome(PREVIOUS, Timings(cache_n=1189), loss_tokens=10).lost is True
+    assert cache_outcome(PREVIOUS, Timings(cache_n=1199), loss_tokens=0).lost is True
+
+
+def test_first_request_on_an_empty_slot_is_not_a_loss() -> None:
+    assert not cache_outcome(Timings(), Timings(cache_n=0, prompt_n=500)).lost
+
+
+def test_outcome_reads_with_both_numbers() -> None:
+    assert str(cache_outcome(PREVIOUS, Timings(cache_n=100))) == (
+        "cache loss: 100 of 1200 tokens cached (1100 short, loss above 64)"
+    )
+    assert str(cache_outcome(PREVIOUS, Timings(cache_n=1190))) == (
+        "cache hit: 1190 of 1200 tokens cached (10 short, loss above 64)"
+    )
+
+
+def test_outcome_is_a_value() -> None:
+    assert cache_outcome(PREVIOUS, Timings(cache_n=1190)) == CacheOutcome(False, 1200, 1190)
+
+
+def test_negative_loss_tokens_is_refused() -> None:
+    with pytest.raises(ValueError):
+        cache_outcome(PREVIOUS, PREVIOUS, loss_tokens=-1)

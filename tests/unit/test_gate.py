@@ -1,0 +1,346 @@
+"""The slot gate: one request per slot, FIFO, bounded queue, released on every outcome."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import pytest
+
+from domain.errors import Busy
+from domain.events import ChatEvent, Queued
+from domain.gate import SlotGate
+
+JOIN_S = 5.0
+
+
+def until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
+    """Spin (with tiny sleeps) until `predicate` holds; fail the test otherwise."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.0005)
+
+
+class Caller:
+    """A thread that holds a slot until told to let go, recording its events."""
+
+    def __init__(self, gate: SlotGate, slot: int, name: str, on_event: Callable[[ChatEvent], None] | None = None):
+        self.gate, self.slot, self.name = gate, slot, name
+        self.events: list[ChatEvent] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.error: BaseException | None = None
+        self._on_event = on_event
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _event(self, event: ChatEvent) -> None:
+        self.events.append(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def _run(self) -> None:
+        try:
+            with self.gate.hold(self.slot, self._event):
+                self.entered.set()
+                assert self.release.wait(JOIN_S)
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> Caller:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(JOIN_S)
+        assert not self.thread.is_alive()
+
+
+@contextmanager
+def callers() -> Iterator[list[Caller]]:
+    started: list[Caller] = []
+    try:
+        yield started
+    finally:
+        for c in started:
+            c.finish()
+
+
+def test_free_slot_is_held_at_once_without_events() -> None:
+    gate = SlotGate(8)
+    events: list[ChatEvent] = []
+    with gate.hold(0, events.append):
+        assert gate.held(0)
+    assert events == []
+    assert not gate.held(0)
+
+
+def test_slot_is_released_when_the_block_raises() -> None:
+    gate = SlotGate(8)
+    with pytest.raises(RuntimeError), gate.hold(0, lambda e: None):
+        raise RuntimeError("the request failed")
+    assert not gate.held(0)
+    with gate.hold(0, lambda e: None):
+        pass
+
+
+def test_zero_queue_refuses_any_second_caller_at_once() -> None:
+    gate = SlotGate(0)
+    with (
+        gate.hold(0, lambda e: None),
+        pytest.raises(Busy, match="slot 0 is busy: 0 requests already queued"),
+        gate.hold(0, lambda e: None),
+    ):
+        pass
+
+
+def test_full_queue_refuses_at_once_and_one_less_queues() -> None:
+    gate = SlotGate(2)
+    with callers() as running:
+        running.append(Caller(gate, 0, "holder").start())
+        assert running[0].entered.wait(JOIN_S)
+        running.append(Caller(gate, 0, "q1").start())
+        until(lambda: gate.waiting(0) == 1)
+        running.append(Caller(gate, 0, "q2").start())  # one under the limit: queues
+        until(lambda: gate.waiting(0) == 2)
+        with pytest.raises(Busy) as info, gate.hold(0, lambda e: None):
+            pass
+        assert (info.value.slot, info.value.queued) == (0, 2)
+    assert all(c.error is None for c in running)
+
+
+def test_waiters_get_queued_on_entry_and_as_ahead_shrinks_in_fifo_order() -> None:
+    gate = SlotGate(8)
+    order: list[str] = []
+    with callers() as running:
+        holder = Caller(gate, 0, "holder").start()
+        running.append(holder)
+        assert holder.entered.wait(JOIN_S)
+        waiters = []
+        for i in range(3):
+            c = Caller(gate, 0, f"w{i}").start()
+            running.append(c)
+            waiters.append(c)
+            until(partial(lambda n: gate.waiting(0) == n, i + 1))
+        assert [c.events for c in waiters] == [[Queued(1)], [Queued(2)], [Queued(3)]]
+        holder.finish()
+        for c in waiters:
+            assert c.entered.wait(JOIN_S)
+            order.append(c.name)
+            assert gate.held(0)
+            c.finish()
+        assert [c.events for c in waiters] == [
+            [Queued(1)],
+            [Queued(2), Queued(1)],
+            [Queued(3), Queued(2), Queued(1)],
+        ]
+    assert order == ["w0", "w1", "w2"]
+    assert not gate.held(0) and gate.waiting(0) == 0
+
+
+def test_slots_are_independent() -> None:
+    gate = SlotGate(0)
+    with callers() as running:
+        running.append(Caller(gate, 0, "a").start())
+        running.append(Caller(gate, 1, "b").start())
+        assert running[0].entered.wait(JOIN_S) and running[1].entered.wait(JOIN_S)
+        assert running[0].events == running[1].events == []
+
+
+def test_callback_raising_while_queued_removes_the_waiter() -> None:
+    gate = SlotGate(8)
+
+    def refuse(event: ChatEvent) -> None:
+        raise KeyboardInterrupt("caller gave up")
+
+    with callers() as running:
+        holder = Caller(gate, 0, "holder").start()
+        running.append(holder)
+        assert holder.entered.wait(JOIN_S)
+        quitter = Caller(gate, 0, "quitter", on_event=refuse).start()
+        quitter.thread.join(JOIN_S)
+        assert isinstance(quitter.error, KeyboardInterrupt)
+        assert gate.waiting(0) == 0
+    assert not gate.held(0)
+
+
+def test_waiter_behind_leaving_changes_nothing_for_those_ahead() -> None:
+    gate = SlotGate(8)
+
+    def refuse(event: ChatEvent) -> None:
+        raise RuntimeError("gave up")
+
+    with callers() as running:
+        holder = Caller(gate, 0, "holder").start()
+        running.append(holder)
+        assert holder.entered.wait(JOIN_S)
+        middle = Caller(gate, 0, "middle").start()
+        running.append(middle)
+        until(lambda: gate.waiting(0) == 1)
+        last = Caller(gate, 0, "last").start()
+        running.append(last)
+        until(lambda: gate.waiting(0) == 2)
+        quitter = Caller(gate, 0, "quitter", on_event=refuse).start()
+        quitter.thread.join(JOIN_S)
+        assert isinstance(quitter.error, RuntimeError)
+        assert quitter.events == [Queued(3)]
+        assert gate.waiting(0) == 2
+        assert (middle.events, last.events) == ([Queued(1)], [Queued(2)])
+    assert middle.events == [Queued(1)]
+    assert last.events == [Queued(2), Queued(1)]
+
+
+def test_waiter_ahead_leaving_is_announced_to_those_behind() -> None:
+    gate = SlotGate(8)
+    first_event = threading.Event()
+    go = threading.Event()
+
+    def leave_when_told(event: ChatEvent) -> None:
+        first_event.set()
+        if not go.wait(JOIN_S):
+            raise AssertionError("not told")
+        raise RuntimeError("gave up")
+
+    with callers() as running:
+        holder = Caller(gate, 0, "holder").start()
+        running.append(holder)
+        assert holder.entered.wait(JOIN_S)
+        quitter = Caller(gate, 0, "quitter", on_event=leave_when_told).start()
+        assert first_event.wait(JOIN_S)
+        behind = Caller(gate, 0, "behind").start()
+        running.append(behind)
+        until(lambda: gate.waiting(0) == 2)
+        go.set()
+        quitter.thread.join(JOIN_S)
+        until(lambda: len(behind.events) == 2)
+        assert behind.events == [Queued(2), Queued(1)]
+        assert gate.waiting(0) == 1
+    assert behind.entered.is_set()
+
+
+def test_slot_handed_over_while_the_callback_raises_is_released() -> None:
+    gate = SlotGate(8)
+    in_callback = threading.Event()
+    go = threading.Event()
+
+    def slow_then_raise(event: ChatEvent) -> None:
+        in_callback.set()
+        assert go.wait(JOIN_S)
+        raise RuntimeError("gave up")
+
+    holder = Caller(gate, 0, "holder").start()
+    assert holder.entered.wait(JOIN_S)
+    quitter = Caller(gate, 0, "quitter", on_event=slow_then_raise).start()
+    assert in_callback.wait(JOIN_S)
+    holder.finish()  # the slot is handed to the quitter while its callback still runs
+    until(lambda: gate.waiting(0) == 0)
+    assert gate.held(0)
+    go.set()
+    quitter.thread.join(JOIN_S)
+    assert isinstance(quitter.error, RuntimeError)
+    assert not gate.held(0)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError):
+        SlotGate(-1)
+    with pytest.raises(ValueError), SlotGate(1).hold(-1, lambda e: None):
+        pass
+
+
+def test_sixteen_threads_never_share_a_slot_and_never_lose_a_waiter() -> None:
+    gate = SlotGate(16)
+    slots = 3
+    rounds = 20
+    inside = [0] * slots
+    peak = [0] * slots
+    served = [0] * slots
+    lock = threading.Lock()
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+    busy: list[int] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            barrier.wait(JOIN_S)
+            for _ in range(rounds):
+                slot = rng.randrange(slots)
+                events: list[ChatEvent] = []
+                try:
+                    with gate.hold(slot, events.append):
+                        with lock:
+                            inside[slot] += 1
+                            peak[slot] = max(peak[slot], inside[slot])
+                        # Random hold: mostly a thread switch, sometimes a short sleep.
+                        time.sleep(rng.choice((0, 0, 0.0002, 0.001)))
+                        with lock:
+                            inside[slot] -= 1
+                            served[slot] += 1
+                except Busy:
+                    with lock:
+                        busy.append(slot)
+                aheads = [e.ahead for e in events if isinstance(e, Queued)]
+                assert aheads == sorted(aheads, reverse=True) and len(set(aheads)) == len(aheads)
+                assert all(a >= 1 for a in aheads)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,), daemon=True) for seed in range(16)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert busy == []  # 15 others at most can wait: the queue of 16 never fills
+    assert peak == [1] * slots
+    assert sum(served) == 16 * rounds
+    assert all(not gate.held(s) and gate.waiting(s) == 0 for s in range(slots))
+    assert time.monotonic() - started < 2.0
+
+
+def test_sixteen_threads_with_a_small_queue_get_busy_and_leave_nothing_behind() -> None:
+    gate = SlotGate(2)
+    barrier = threading.Barrier(16)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    inside = 0
+    peak = 0
+
+    def worker(seed: int) -> None:
+        nonlocal inside, peak
+        rng = random.Random(seed)
+        barrier.wait(JOIN_S)
+        for _ in range(10):
+            try:
+                with gate.hold(0, lambda e: None):
+                    with lock:
+                        inside += 1
+                        peak = max(peak, inside)
+                    time.sleep(rng.choice((0, 0.0002)))
+                    with lock:
+                        inside -= 1
+                outcome = "served"
+            except Busy:
+                outcome = "busy"
+            with lock:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=worker, args=(seed,), daemon=True) for seed in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads)
+    assert len(outcomes) == 160
+    assert "served" in outcomes
+    assert peak == 1
+    assert not gate.held(0) and gate.waiting(0) == 0

@@ -1,0 +1,120 @@
+"""Command-line checking: the brief's defaults, the flags, and one clear line for anything unusable."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from adapters.proxy.__main__ import main
+from adapters.proxy.options import MAX_SOCKET_PATH_BYTES, Address, Limits, UsageError, parse_args
+
+
+def test_the_defaults_are_the_briefs_limits(tmp_path: Path) -> None:
+    settings = parse_args(["--listen", str(tmp_path / "infer.sock"), "--upstream", "straylight:11434"])
+    assert settings.listen == str(tmp_path / "infer.sock")
+    assert settings.upstream == Address("straylight", 11434)
+    assert settings.limits == Limits(max_conns=8, burst=10, rate=2.0)
+
+
+def test_flags_change_the_limits(tmp_path: Path) -> None:
+    settings = parse_args(
+        [
+            "--listen",
+            str(tmp_path / "s"),
+            "--upstream",
+            "127.0.0.1:80",
+            "--max-conns",
+            "3",
+            "--burst",
+            "50",
+            "--rate",
+            "0.5",
+        ]
+    )
+    assert settings.limits == Limits(max_conns=3, burst=50, rate=0.5)
+
+
+def test_an_ipv6_upstream_in_brackets_is_accepted(tmp_path: Path) -> None:
+    settings = parse_args(["--listen", str(tmp_path / "s"), "--upstream", "[::1]:8080"])
+    assert settings.upstream == Address("::1", 8080)
+    assert str(settings.upstream) == "[::1]:8080"
+
+
+def test_a_relative_socket_path_in_the_current_folder_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["--listen", "infer.sock", "--upstream", "h:1"]).listen == "infer.sock"
+
+
+def test_a_socket_path_of_the_longest_allowed_length_is_accepted(tmp_path: Path) -> None:
+    path = _path_of_length(tmp_path, MAX_SOCKET_PATH_BYTES)
+    assert parse_args(["--listen", path, "--upstream", "h:1"]).listen == path
+
+
+def _path_of_length(folder: Path, size: int) -> str:
+    prefix = str(folder) + os.sep
+    return prefix + "s" * (size - len(os.fsencode(prefix)))
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["--upstream", "h:1"], "--listen"),
+        (["--listen", "{dir}/s"], "--upstream"),
+        (["--listen", "{dir}/s", "--upstream", "straylight"], "HOST:PORT"),
+        (["--listen", "{dir}/s", "--upstream", ":11434"], "HOST:PORT"),
+        (["--listen", "{dir}/s", "--upstream", "h:"], "port must be a number"),
+        (["--listen", "{dir}/s", "--upstream", "h:http"], "port must be a number"),
+        (["--listen", "{dir}/s", "--upstream", "h:0"], "between 1 and 65535"),
+        (["--listen", "{dir}/s", "--upstream", "h:65536"], "between 1 and 65535"),
+        (["--listen", "{dir}/s", "--upstream", "h:-1"], "port must be a number"),
+        (["--listen", "{dir}/s", "--upstream", "::1:80"], "brackets"),
+        (["--listen", "{dir}/s", "--upstream", "[]:80"], "empty host"),
+        (["--listen", "{dir}/no/such/folder/s", "--upstream", "h:1"], "does not exist"),
+        (["--listen", "{dir}/file/s", "--upstream", "h:1"], "is not a folder"),
+        (["--listen", "", "--upstream", "h:1"], "--listen"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--max-conns", "0"], "--max-conns must be at least 1"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--burst", "ten"], "--burst must be a whole number"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "0"], "--rate must be a number above 0"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "nan"], "--rate must be a number above 0"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "fast"], "--rate must be a number"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--config", "x.toml"], "unrecognized arguments"),
+        (["--list", "{dir}/s", "--upstream", "h:1"], "--listen"),
+    ],
+)
+def test_unusable_arguments_raise_one_line_naming_the_problem(tmp_path: Path, argv: list[str], names: str) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(UsageError) as caught:
+        parse_args([arg.replace("{dir}", str(tmp_path)) for arg in argv])
+    message = str(caught.value)
+    assert names in message
+    assert "\n" not in message
+
+
+def test_a_socket_path_one_byte_too_long_for_af_unix_is_refused(tmp_path: Path) -> None:
+    path = _path_of_length(tmp_path, MAX_SOCKET_PATH_BYTES + 1)
+    with pytest.raises(UsageError, match=f"{MAX_SOCKET_PATH_BYTES + 1} bytes; AF_UNIX allows at most"):
+        parse_args(["--listen", path, "--upstream", "h:1"])
+
+
+def test_main_prints_one_line_and_exits_2_on_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["--listen", str(tmp_path / "s"), "--upstream", "h:99999"])
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("inferproxy: error: ") and "65535" in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_main_exits_1_and_says_why_when_the_path_is_a_regular_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "infer.sock"
+    path.write_bytes(b"keep me")
+    status = main(["--listen", str(path), "--upstream", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1 and "is a regular file, not a socket" in err
+    assert path.read_bytes() == b"keep me"

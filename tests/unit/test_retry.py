@@ -1,0 +1,165 @@
+"""Retry classification and schedule, with a fake random source."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from domain.errors import (
+    Busy,
+    ConnectError,
+    HttpError,
+    InferError,
+    LoadTimeout,
+    ProtocolError,
+    Stalled,
+    StreamClosedEarly,
+    ThinkingOverrun,
+    WaitTimeout,
+)
+from domain.retry import RetryDecision, RetryPolicy, is_retryable
+
+CONTEXT_400 = (
+    '{"error":{"code":400,"message":"request (9000 tokens) exceeds the available context size '
+    '(4096 tokens), try increasing it","type":"exceed_context_size_error"}}'
+)
+
+
+class FixedUniform:
+    """Always answers the same point of the interval: 0.0 is its low end, 1.0 its high end."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.calls: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.calls.append((a, b))
+        return a + (b - a) * self.at
+
+
+def policy(at: float = 0.5, **kwargs: object) -> RetryPolicy:
+    return RetryPolicy(rng=FixedUniform(at), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConnectError("no socket"),
+        StreamClosedEarly("cut"),
+        Stalled("quiet"),
+        LoadTimeout("loading"),
+        HttpError(503, "x"),
+    ],
+)
+def test_retryable_errors(error: InferError) -> None:
+    assert is_retryable(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        WaitTimeout("waited"),
+        HttpError(400, CONTEXT_400),
+        HttpError(500, "boom"),
+        HttpError(502, "bad gateway"),
+        ThinkingOverrun("long"),
+        ProtocolError("bad"),
+        Busy(0, 8),
+        InferError("base"),
+    ],
+)
+def test_everything_else_is_final(error: InferError) -> None:
+    assert not is_retryable(error)
+    assert policy().decide(1, error, 0).retry is False
+
+
+def test_schedule_without_jitter_is_2_8_30_seconds_then_gives_up() -> None:
+    p = policy(0.5)
+    err = StreamClosedEarly("cut")
+    assert p.decide(1, err, 0) == RetryDecision(True, attempt=2, after_ms=2000)
+    assert p.decide(2, err, 3000) == RetryDecision(True, attempt=3, after_ms=8000)
+    assert p.decide(3, err, 12000) == RetryDecision(True, attempt=4, after_ms=30000)
+    last = p.decide(4, err, 50000)
+    assert not last.retry
+    assert last.reason == "all 4 attempts made"
+
+
+@pytest.mark.parametrize(("at", "after_ms"), [(0.0, 1500), (1.0, 2500), (0.25, 1750)])
+def test_jitter_is_plus_minus_25_percent(at: float, after_ms: int) -> None:
+    p = policy(at)
+    assert p.decide(1, ConnectError("x"), 0).after_ms == after_ms
+    assert p.rng.calls == [(-0.25, 0.25)]  # type: ignore[attr-defined]
+
+
+def test_seeded_random_source_gives_a_reproducible_schedule_inside_the_jitter() -> None:
+    def schedule(seed: int) -> list[int]:
+        p = RetryPolicy(rng=random.Random(seed))
+        return [p.decide(n, Stalled("s"), 0).after_ms for n in (1, 2, 3)]
+
+    assert schedule(7) == schedule(7)
+    for seed in range(50):
+        for after, base in zip(schedule(seed), (2000, 8000, 30000), strict=True):
+            assert base * 0.75 <= after <= base * 1.25
+
+
+@pytest.mark.parametrize(("elapsed_ms", "retry"), [(297_999, True), (298_000, False), (298_001, False)])
+def test_a_wait_that_would_reach_the_total_budget_is_not_taken(elapsed_ms: int, retry: bool) -> None:
+    # Pinned: the next attempt must start strictly before total_ms (elapsed + wait < total).
+    decision = policy(0.5).decide(1, ConnectError("x"), elapsed_ms)
+    assert decision.retry is retry
+    if not retry:
+        assert "would reach the 300000 ms retry budget" in decision.reason
+
+
+def test_budget_is_checked_against_the_jittered_wait() -> None:
+    # 2500 ms (the high end of the jitter) would cross; 1500 ms (the low end) would not.
+    assert policy(1.0).decide(1, ConnectError("x"), 297_600).retry is False
+    assert policy(0.0).decide(1, ConnectError("x"), 297_600).retry is True
+
+
+def test_single_attempt_never_retries() -> None:
+    assert policy(attempts=1, delays_ms=()).decide(1, ConnectError("x"), 0).retry is False
+
+
+def test_last_delay_repeats_when_there_are_more_attempts_than_delays() -> None:
+    p = policy(0.5, attempts=5, delays_ms=(10, 20))
+    assert [p.decide(n, ConnectError("x"), 0).after_ms for n in (1, 2, 3, 4)] == [10, 20, 20, 20]
+
+
+def test_zero_jitter_waits_exactly_the_delay() -> None:
+    p = RetryPolicy(jitter=0.0, rng=random.Random(1))
+    assert p.decide(1, ConnectError("x"), 0).after_ms == 2000
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"attempts": 0}, {"jitter": 1.0}, {"jitter": -0.1}, {"total_ms": 0}, {"delays_ms": (-1,)}, {"delays_ms": ()}],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_attempt_numbers_start_at_one() -> None:
+    with pytest.raises(ValueError):
+        policy().decide(0, ConnectError("x"), 0)
+
+
+def test_client_loop_shape_gives_retrying_events_and_stops_at_the_budget() -> None:
+    # The loop the client runs, with a fake clock: every attempt takes 40 s and fails.
+    p = policy(0.5, total_ms=100_000)
+    elapsed_ms = 0.0
+    events: list[tuple[int, int]] = []
+    attempt = 1
+    while True:
+        elapsed_ms += 40_000
+        decision = p.decide(attempt, Stalled("quiet"), elapsed_ms)
+        if not decision.retry:
+            break
+        events.append((decision.attempt, decision.after_ms))
+        elapsed_ms += decision.after_ms
+        attempt = decision.attempt
+    # 40 s, wait 2 s, 40 s (82 s), wait 8 s would end at 90 s < 100 s: taken; 40 s more is 130 s.
+    assert events == [(2, 2000), (3, 8000)]
+    assert attempt == 3
