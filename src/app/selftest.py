@@ -41,6 +41,9 @@ TOOL_PROMPT = "What time is it in Paris right now? Call the get_time tool."
 TURN1_PROMPT = "Name one colour of the sky. Answer in one short sentence."
 TURN2_PROMPT = "Now name one colour of grass, in one short sentence."
 SYSTEM = "You are a terse assistant."
+# Each check's answer is capped, so the whole self-test costs about a thousand tokens even when a
+# small model rambles or repeats its tool call.
+MAX_TOKENS = 128
 
 
 @dataclass
@@ -166,6 +169,12 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
     return report
 
 
+def selftest_config(config: Config) -> Config:
+    """The config the checks run with: the same server and limits, answers capped at MAX_TOKENS."""
+    limits = config.limits.model_copy(update={"max_tokens": min(config.limits.max_tokens, MAX_TOKENS)})
+    return config.model_copy(update={"limits": limits})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="loopd-selftest", description="The three startup checks.")
     parser.add_argument("--config", required=True, help="path to config.toml")
@@ -178,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"FAIL config: {exc}", flush=True)
         return 2
-    client = Container(config=config).client()
+    client = Container(config=selftest_config(config)).client()
     report = run(config, client, lambda line: print(line, flush=True))
     return 0 if report.ok else 1
 

@@ -163,12 +163,12 @@ def flood_handler(conn: socket.socket) -> None:
 def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2000_connections(
     tmp_path: Path,
 ) -> None:
-    # Each round opens 12 connections at once: the bucket, refilled to 10 by the clock, admits
-    # ten attempts; of those, 8 get a place and 2 meet the connection limit; the last 2 meet the
+    # Each round opens 20 connections at once: the bucket, refilled to 10 by the clock, admits
+    # ten attempts; of those, 8 get a place and 2 meet the connection limit; the last 10 meet the
     # rate limit. Of the 8 forwarded, 4 echo and close cleanly, 1 half-closes and reads to the
     # end, 2 are abandoned by the client with unread data, 1 is reset by the upstream.
     clock = ManualClock()
-    rounds = 167  # 167 * 12 = 2004 connections
+    rounds = 100  # 100 * 20 = 2000 connections
     with (
         LoopbackUpstream(flood_handler) as upstream,
         running_proxy(str(tmp_path / "p.sock"), upstream.address, clock=clock) as proxy,
@@ -180,10 +180,9 @@ def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2
         fds_before, threads_before = open_descriptors(), live_threads()
 
         outcomes = {"echoed": 0, "half-closed": 0, "abandoned": 0, "reset": 0, "refused": 0}
-        started = time.monotonic()
         for _ in range(rounds):
             clock.advance(5.0)
-            clients = [proxy.connect() for _ in range(12)]
+            clients = [proxy.connect() for _ in range(20)]
             try:
                 # Refusals first: while the first 8 are all still open, the proxy must refuse the
                 # rest whenever it gets to accepting them.
@@ -211,7 +210,6 @@ def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2
                 for client in clients:
                     client.close()
             assert proxy.proxy.wait_idle(2)
-        elapsed = time.monotonic() - started
 
         upstream.join_handlers(5)
         join_connection_threads()
@@ -223,12 +221,11 @@ def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2
         "half-closed": rounds,
         "abandoned": 2 * rounds,
         "reset": rounds,
-        "refused": 4 * rounds,
+        "refused": 12 * rounds,
     }
     assert lines.count(CONNS_FULL) == 2 * rounds
-    assert lines.count(RATE_LIMITED) == 2 * rounds
-    assert len(lines) == 4 * rounds
+    assert lines.count(RATE_LIMITED) == 10 * rounds
+    assert len(lines) == 12 * rounds
     assert upstream.accepted == 1 + 8 * rounds
     assert not upstream.failures
     assert (fds_after, threads_after) == (fds_before, threads_before)
-    assert elapsed < 20

@@ -35,7 +35,9 @@ _TRANSIENT_ACCEPT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNAB
 
 
 def log_to_stderr(line: str) -> None:
-    print(f"inferproxy: {line}", file=sys.stderr, flush=True)
+    # A closed or broken stderr must not take the accept loop down with it.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"inferproxy: {line}", file=sys.stderr, flush=True)
 
 
 class Proxy:
@@ -62,8 +64,7 @@ class Proxy:
         self._changed = threading.Condition()
         self._stopping = False
         self._serial = 0
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
+        self._wake_read = self._wake_write = -1  # the wake-up pipe exists while serve() runs
 
     @property
     def start_line(self) -> str:
@@ -99,6 +100,8 @@ class Proxy:
         """Accept and forward until `stop()`; always leaves the socket file removed."""
         listener = self._bound.sock
         listener.setblocking(False)
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
         selector = selectors.DefaultSelector()
         try:
             selector.register(listener, selectors.EVENT_READ)
