@@ -7,8 +7,10 @@ Invariants (all under one lock; slots are independent):
 - At most `queue_per_slot` callers wait per slot; one more gets `Busy` at once, and
   `queue_per_slot = 0` means a busy slot refuses every other caller.
 - `ahead` counts every request before this one, the one in flight included, so a queued caller
-  always sees `ahead >= 1`. It is emitted on entering the queue and each time it shrinks; getting
-  the slot is not announced (the caller's next step is).
+  always sees `ahead >= 1`. It is emitted on entering the queue and each time the waiter wakes to
+  a smaller value. It says where the waiter is when it looks: a place it slept through (its
+  callback was slow, the thread was not scheduled) is not replayed, and getting the slot is not
+  announced (the caller's next step is).
 - Callbacks run outside the lock. If one raises while its caller waits (or the wait is
   interrupted), the waiter leaves the queue, or releases the slot if it was handed over
   meanwhile, and the exception propagates: no waiter and no slot is ever leaked.

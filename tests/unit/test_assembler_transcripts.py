@@ -4,8 +4,9 @@ The brief's "streamed deltas reassemble exactly": for every recorded stream, the
 points, decoded by the SSE decoder and fed to the assembler, gives a `Completion` whose content,
 reasoning, tool calls and finish reason equal the `message` of the non-stream answer the server
 gave to the same request. Tool-call ids are random per request, so only their presence is
-compared. Streams recorded without a non-stream twin (a forced end to reasoning cannot be
-replayed) are checked against the text of their own deltas instead.
+compared. A stream whose reasoning was ended by a control call has no non-stream twin (its
+`nonstream.json` is the runaway answer without the call); it is checked against the text of its
+own deltas instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import itertools
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
@@ -63,8 +64,8 @@ def assemble(body: bytes, cuts: list[int]) -> tuple[Completion, list[Any]]:
 
 def expected_message(case: Case) -> dict[str, Any] | None:
     nonstream = case.nonstream
-    if not nonstream:
-        return None
+    if not nonstream or "control_request.json" in case.files:
+        return None  # no twin, or a control call changed the stream
     choice = nonstream["choices"][0]
     message: dict[str, Any] = choice["message"]
     return {
@@ -113,7 +114,7 @@ def test_stream_fed_byte_by_byte_reassembles_the_same(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", STREAM_CASES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_any_cutting_of_the_stream_reassembles_the_same(name: str, data: st.DataObject) -> None:
     case = load_case(name)
@@ -125,10 +126,11 @@ def test_any_cutting_of_the_stream_reassembles_the_same(name: str, data: st.Data
 
 
 @pytest.mark.parametrize("name", STREAM_CASES)
-def test_progress_events_come_before_any_text(name: str) -> None:
+def test_progress_counts_only_grow(name: str) -> None:
+    # Not "progress before any delta": with an assistant prefill the server streams the
+    # prefill's parsed tool-call opening in the same chunk as the first progress event.
     case = load_case(name)
     _, events = assemble(case.body, [])
-    kinds = [type(e) for e in events]
-    if Progress in kinds:
-        last_progress = max(i for i, k in enumerate(kinds) if k is Progress)
-        assert all(k is Progress for k in kinds[: last_progress + 1])
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert [p.processed for p in progress] == sorted(p.processed for p in progress)
+    assert all(p.cache <= p.processed <= p.total for p in progress)

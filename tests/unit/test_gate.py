@@ -122,18 +122,21 @@ def test_waiters_get_queued_on_entry_and_as_ahead_shrinks_in_fifo_order() -> Non
         holder = Caller(gate, 0, "holder").start()
         running.append(holder)
         assert holder.entered.wait(JOIN_S)
-        waiters = []
+        waiters: list[Caller] = []
         for i in range(3):
             c = Caller(gate, 0, f"w{i}").start()
             running.append(c)
             waiters.append(c)
-            until(partial(lambda n: gate.waiting(0) == n, i + 1))
+            until(partial(lambda c, n: gate.waiting(0) == n and len(c.events) == 1, c, i + 1))
         assert [c.events for c in waiters] == [[Queued(1)], [Queued(2)], [Queued(3)]]
         holder.finish()
-        for c in waiters:
+        for k, c in enumerate(waiters):
             assert c.entered.wait(JOIN_S)
             order.append(c.name)
             assert gate.held(0)
+            # Let everyone behind see its new place before the slot moves on.
+            behind = waiters[k + 1 :]
+            until(partial(lambda b: all(w.events[-1] == Queued(j + 1) for j, w in enumerate(b)), behind))
             c.finish()
         assert [c.events for c in waiters] == [
             [Queued(1)],
@@ -142,6 +145,34 @@ def test_waiters_get_queued_on_entry_and_as_ahead_shrinks_in_fifo_order() -> Non
         ]
     assert order == ["w0", "w1", "w2"]
     assert not gate.held(0) and gate.waiting(0) == 0
+
+
+def test_a_waiter_that_wakes_late_reports_only_where_it_is_now() -> None:
+    # Pinned: `Queued` says where a waiter is when it looks. Places it slept through are not
+    # replayed, and once the slot is its own it reports nothing more.
+    gate = SlotGate(8)
+    in_callback = threading.Event()
+    go = threading.Event()
+
+    def slow(event: ChatEvent) -> None:
+        if event == Queued(2):
+            in_callback.set()
+            assert go.wait(JOIN_S)
+
+    holder = Caller(gate, 0, "holder").start()
+    assert holder.entered.wait(JOIN_S)
+    first = Caller(gate, 0, "first").start()
+    until(lambda: gate.waiting(0) == 1)
+    late = Caller(gate, 0, "late", on_event=slow).start()
+    assert in_callback.wait(JOIN_S)  # blocked in its first callback, Queued(2)
+    holder.finish()
+    assert first.entered.wait(JOIN_S)
+    first.finish()  # `late` is handed the slot while still in its callback
+    go.set()
+    assert late.entered.wait(JOIN_S)
+    late.finish()
+    assert late.events == [Queued(2)]
+    assert late.error is None
 
 
 def test_slots_are_independent() -> None:
@@ -182,18 +213,19 @@ def test_waiter_behind_leaving_changes_nothing_for_those_ahead() -> None:
         assert holder.entered.wait(JOIN_S)
         middle = Caller(gate, 0, "middle").start()
         running.append(middle)
-        until(lambda: gate.waiting(0) == 1)
+        until(lambda: gate.waiting(0) == 1 and len(middle.events) == 1)
         last = Caller(gate, 0, "last").start()
         running.append(last)
-        until(lambda: gate.waiting(0) == 2)
+        until(lambda: gate.waiting(0) == 2 and len(last.events) == 1)
         quitter = Caller(gate, 0, "quitter", on_event=refuse).start()
         quitter.thread.join(JOIN_S)
         assert isinstance(quitter.error, RuntimeError)
         assert quitter.events == [Queued(3)]
         assert gate.waiting(0) == 2
-        assert (middle.events, last.events) == ([Queued(1)], [Queued(2)])
-    assert middle.events == [Queued(1)]
-    assert last.events == [Queued(2), Queued(1)]
+        holder.finish()  # the first real change: both move up one place
+        until(lambda: middle.entered.is_set() and len(last.events) == 2)
+        assert (middle.events, last.events) == ([Queued(1)], [Queued(2), Queued(1)])
+    assert gate.waiting(0) == 0 and not gate.held(0)
 
 
 def test_waiter_ahead_leaving_is_announced_to_those_behind() -> None:

@@ -1,0 +1,179 @@
+"""Bodies built by the request builder get the recorded answers from the real llama-server.
+
+For every recorded chat case: start the server the case was recorded on (same preset, same
+flags), erase the slot, send the exact bytes `build_chat_body` renders from the case's
+`inputs.json`, assemble the stream with the project's SSE decoder and assembler, and compare with
+the server's own non-stream answer recorded for the same request (temperature 0, so greedy
+decoding repeats it). A case recorded as an error must give the same error. The `reasoning_end`
+case is sent without its control call, so its recorded non-stream answer (runaway thinking) is
+what it must give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama  # the support module beside this file (conftest puts it on the path)
+import pytest
+
+from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
+from domain.assembler import Assembler
+from domain.completion import FinishReason
+from domain.messages import (
+    AssistantMessage,
+    ChatMessage,
+    ChatRequest,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    ToolSchema,
+    UserMessage,
+)
+from domain.request import RequestSettings, build_chat_body
+from transcripts import TRANSCRIPTS, case_names, index, load_case
+
+pytestmark = pytest.mark.device
+
+MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
+CHAT_PATH = "/v1/chat/completions"
+
+
+def message_from(data: dict[str, Any]) -> ChatMessage:
+    role = data["role"]
+    if role == "system":
+        return SystemMessage(data["content"])
+    if role == "user":
+        return UserMessage(data["content"])
+    if role == "tool":
+        return ToolMessage(data["tool_call_id"], data["content"])
+    calls = [
+        ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"])
+        for call in data.get("tool_calls") or []
+    ]
+    return AssistantMessage(data.get("content"), data.get("reasoning_content"), calls)
+
+
+def request_from(inputs: dict[str, Any]) -> tuple[ChatRequest, RequestSettings]:
+    req = ChatRequest(
+        slot=inputs["slot"],
+        messages=[message_from(m) for m in inputs["messages"]],
+        tools=[ToolSchema(t["name"], t["description"], t["parameters"]) for t in inputs["tools"]],
+        thinking=inputs["thinking"],
+        tool_choice=inputs["tool_choice"],
+    )
+    sampling = inputs["sampling"]
+    return req, RequestSettings(
+        model=inputs["model"],
+        max_tokens=inputs["max_tokens"],
+        temperature=sampling.get("temperature"),
+        top_p=sampling.get("top_p"),
+        top_k=sampling.get("top_k"),
+        min_p=sampling.get("min_p"),
+        seed=sampling.get("seed"),
+    )
+
+
+def _chat_cases() -> list[Any]:
+    if not (TRANSCRIPTS / "index.json").exists():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
+    return [name for name in case_names() if load_case(name).inputs is not None]
+
+
+def _server_args(key: str, save_dir: Path) -> tuple[str, tuple[str, ...]]:
+    """The preset and extra flags a case was recorded with (the recorder's server key:
+    `<preset>` or `<preset>-b<batch>`), plus what erasing a slot needs."""
+    preset, _, batch = key.partition("-b")
+    extra: tuple[str, ...] = ("--slot-save-path", str(save_dir), "--cache-ram", "0")
+    if batch:
+        extra += ("-b", batch, "-ub", batch)
+    return preset, extra
+
+
+class Servers:
+    """One server per recorded server key, started on first use and stopped at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._running: dict[str, llama.LlamaServer] = {}
+
+    def get(self, key: str) -> llama.LlamaServer:
+        if key not in self._running:
+            preset, extra = _server_args(key, self._root / "slot-save")
+            (self._root / "slot-save").mkdir(exist_ok=True)
+            try:
+                self._running[key] = llama.launch(preset, extra_args=extra, log_dir=self._root / "logs")
+            except llama.ServerStartError as exc:
+                pytest.fail(str(exc), pytrace=False)
+        return self._running[key]
+
+    def stop(self) -> None:
+        for server in self._running.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(device_artifacts: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    # Not the session servers of conftest: reproducing a recorded answer needs the recording's
+    # flags (an erasable slot, no RAM prompt cache, the same batch size), so each case decodes
+    # its prompt from scratch exactly as it did when recorded.
+    running = Servers(tmp_path_factory.mktemp("builder-device"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def send(server: llama.LlamaServer, body: bytes) -> tuple[int, bytes]:
+    conn = server.connection(timeout=300.0)
+    try:
+        conn.request("POST", CHAT_PATH, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def assemble(body: bytes) -> Any:
+    decoder = SseDecoder()
+    assembler = Assembler()
+    done = False
+    for event in decoder.feed(body):
+        if type(event) is SseData:
+            assembler.feed(parse_chunk(event.data))
+        elif type(event) is SseDone:
+            done = True
+    decoder.end()
+    assert done, "the stream ended without [DONE]"
+    return assembler.result()
+
+
+@pytest.mark.parametrize("name", _chat_cases())
+def test_built_body_gets_the_recorded_answer(name: str, servers: Servers) -> None:
+    case = load_case(name)
+    assert case.inputs is not None
+    req, settings = request_from(case.inputs)
+    body = build_chat_body(req, settings, total_slots=llama.SLOTS)
+    server = servers.get(index()["cases"][name]["server"])
+    erased = server.request("POST", f"/slots/{req.slot}?action=erase")
+    assert erased.status == 200, erased.body[:300]
+
+    status, answer = send(server, body)
+
+    assert status == case.status, answer[:500]
+    if status != 200:
+        assert json.loads(answer)["error"]["type"] == json.loads(case.body)["error"]["type"]
+        return
+    completion = assemble(answer)
+    recorded = case.nonstream
+    assert recorded is not None
+    choice = recorded["choices"][0]
+    message = choice["message"]
+    assert completion.content == (message.get("content") or None)
+    assert completion.reasoning_content == (message.get("reasoning_content") or None)
+    assert [(c.name, c.arguments) for c in completion.tool_calls] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+    ]
+    assert completion.finish_reason is FinishReason(choice["finish_reason"])
