@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.uds_http.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
+from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
 from domain.completion import Completion
-from domain.errors import HttpError, InferError, ProtocolError, Stalled
+from domain.errors import HttpError, InferError, ProtocolError, Stalled, StreamClosedEarly
 from domain.events import ChatEvent, Retrying, ThinkingCapped
 from domain.gate import SlotGate
 from domain.hashing import sha256
@@ -32,7 +32,7 @@ from domain.request import RequestSettings, build_chat_body, build_control_body
 from domain.retry import RetryPolicy
 from domain.thinking import Action, ThinkingCap
 from domain.waiting import FirstByteWait, Liveness
-from ports import Clock, Exchange, SlotProbe, TimedOut, Transport
+from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
 
 EventSink = Callable[[ChatEvent], None]
 
@@ -114,12 +114,17 @@ class Client:
             return self._attempt(req.slot, body, on_event)
 
     def chat_with_retry(self, req: ChatRequest, on_event: EventSink) -> Completion:
-        """`chat`, retried by the retry policy; every attempt sends the same bytes."""
-        body = self.render(req)
+        """`chat`, retried by the retry policy; every attempt sends the same bytes.
+
+        Learning the slot count from `/props` (when the config does not give it) is part of the
+        first attempt, so a server that is down or loading at that moment is retried too."""
         started = self._clock.now()
+        body: bytes | None = None
         attempt = 1
         while True:
             try:
+                if body is None:
+                    body = self.render(req)
                 with self._gate.hold(req.slot, on_event):
                     return self._attempt(req.slot, body, on_event)
             except InferError as error:
@@ -128,7 +133,8 @@ class Client:
                 if not decision.retry:
                     raise
                 attempt = decision.attempt
-                on_event(Retrying(attempt=attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}"))
+                reason = f"{type(error).__name__}: {error}"
+                on_event(Retrying(attempt=attempt, after_ms=decision.after_ms, error=reason))
                 self._clock.sleep(decision.after_ms / 1000.0)
 
     def render(self, req: ChatRequest) -> bytes:
@@ -141,68 +147,85 @@ class Client:
         return self._total_slots
 
     def _attempt(self, slot: int, body: bytes, on_event: EventSink) -> Completion:
-        limits = self._limits
-        poll_s = limits.poll_ms / 1000.0
-        clock = self._clock
-        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=poll_s)
+        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=self._limits.poll_ms / 1000.0)
         try:
-            wait = FirstByteWait(
-                poll_ms=limits.poll_ms,
-                busy_wait_ms=limits.busy_wait_ms,
-                load_wait_ms=limits.load_wait_ms,
-                idle_grace_ms=limits.idle_grace_ms,
-                sent_at=clock.now(),
-                slot=slot,
-            )
-
-            def poll() -> None:
-                decision = wait.on_poll(clock.now(), self._probe.state(slot))
-                on_event(decision.event)
-                if decision.error is not None:
-                    raise decision.error
-
-            # The head arrives only when the server starts our request: until then, poll.
-            while True:
-                head = exchange.head(wait.timeout(clock.now()))
-                if not isinstance(head, TimedOut):
-                    break
-                poll()
+            head = self._await_head(exchange, slot, on_event)
             if head.status != 200:
-                raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
-
-            decoder = SseDecoder(max_line=limits.sse_line_bytes)
-            assembler = Assembler()
-            cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
-            liveness: Liveness | None = None
-            while True:
-                now = clock.now()
-                data = exchange.read(wait.timeout(now) if liveness is None else liveness.timeout(now))
-                if isinstance(data, TimedOut):
-                    if liveness is None:
-                        poll()
-                    elif liveness.expired(clock.now()):
-                        raise liveness.error(clock.now())
-                    continue
-                events = decoder.feed(data) if data else decoder.end()
-                for event in events:
-                    if type(event) is SseData:
-                        if liveness is None:
-                            liveness = Liveness(limits.liveness_ms, clock.now())
-                        else:
-                            liveness.on_data(clock.now())
-                        for out in assembler.feed(parse_chunk(event.data)):
-                            on_event(out)
-                        if assembler.in_reasoning or cap.capped:
-                            self._check_thinking(cap, assembler, exchange, on_event)
-                    elif type(event) is SseDone:
-                        return assembler.result(thinking_capped=cap.capped)
-                    elif type(event) is SseComment:
-                        continue
-                if not data:
-                    # EOF without [DONE]: complete only if the final chunk came.
-                    return assembler.result(thinking_capped=cap.capped)
+                raise HttpError(head.status, self._error_body(exchange), self._limits.error_body_bytes)
+            return self._stream(exchange, on_event)
         finally:
             exchange.close()
+
+    def _await_head(self, exchange: Exchange, slot: int, on_event: EventSink) -> ResponseHead:
+        """Wait for the response head, asking `/slots` each `poll_ms` and emitting `Waiting`.
+
+        llama-server sends no byte (no head, no ping) while the request is queued, and sends the
+        head only when it starts the request, so the head is the brief's "first byte"."""
+        limits = self._limits
+        clock = self._clock
+        wait = FirstByteWait(
+            poll_ms=limits.poll_ms,
+            busy_wait_ms=limits.busy_wait_ms,
+            load_wait_ms=limits.load_wait_ms,
+            idle_grace_ms=limits.idle_grace_ms,
+            sent_at=clock.now(),
+            slot=slot,
+        )
+        while True:
+            head = exchange.head(wait.timeout(clock.now()))
+            if not isinstance(head, TimedOut):
+                return head
+            decision = wait.on_poll(clock.now(), self._probe.state(slot))
+            on_event(decision.event)
+            if decision.error is not None:
+                raise decision.error
+
+    def _stream(self, exchange: Exchange, on_event: EventSink) -> Completion:
+        """Read the stream to its final chunk under the liveness limit, with the thinking cap.
+
+        The hot path: one read, one decoder feed, one orjson parse and one assembler feed per
+        chunk, two clock reads per read. A read's deadline is the silence left; a read that brings
+        no data event (a keep-alive comment, part of a line) moves no deadline, so not even a
+        flood of comments keeps a dead stream alive."""
+        limits = self._limits
+        clock = self._clock
+        read = exchange.read
+        decoder = SseDecoder(max_line=limits.sse_line_bytes)
+        feed = decoder.feed
+        assembler = Assembler()
+        assemble = assembler.feed
+        cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
+        liveness = Liveness(limits.liveness_ms, clock.now())
+        while True:
+            try:
+                data = read(liveness.timeout(clock.now()))
+            except StreamClosedEarly:
+                if assembler.finished:
+                    # Cut after the final chunk (only `[DONE]` was missing): the answer is whole.
+                    return assembler.result(thinking_capped=cap.capped)
+                raise
+            arrived = clock.now()
+            if isinstance(data, TimedOut):
+                if liveness.expired(arrived):
+                    raise liveness.error(arrived)
+                continue
+            if not data:
+                decoder.end()  # raises a decoder failure still pending
+                return assembler.result(thinking_capped=cap.capped)
+            fresh = False
+            for event in feed(data):
+                if type(event) is SseData:
+                    fresh = True
+                    for out in assemble(parse_chunk(event.data)):
+                        on_event(out)
+                    if assembler.in_reasoning:
+                        self._check_thinking(cap, assembler, exchange, on_event)
+                elif type(event) is SseDone:
+                    return assembler.result(thinking_capped=cap.capped)
+            if fresh:
+                liveness.on_data(arrived)
+            elif liveness.expired(arrived):
+                raise liveness.error(arrived)
 
     def _check_thinking(
         self, cap: ThinkingCap, assembler: Assembler, exchange: Exchange, on_event: EventSink
@@ -261,7 +284,8 @@ class Client:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
                 raise ProtocolError(f"/slots entry without an integer id: {str(entry)[:200]}")
             n_ctx = entry.get("n_ctx")
-            out.append(SlotInfo(entry["id"], bool(entry.get("is_processing")), n_ctx if isinstance(n_ctx, int) else None))
+            busy = bool(entry.get("is_processing"))
+            out.append(SlotInfo(entry["id"], busy, n_ctx if isinstance(n_ctx, int) else None))
         return out
 
     def tokenize(self, text: str) -> list[Token]:

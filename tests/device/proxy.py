@@ -1,0 +1,79 @@
+"""Run `inferproxy` as its own process for the device tier.
+
+The command comes from the environment (`INFERPROXY_CMD`, split like a shell line), so the client
+code under test never imports the proxy; by default it is this interpreter's `-m adapters.proxy`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+START_DEADLINE_S = 20.0
+
+
+def proxy_command() -> list[str]:
+    configured = os.environ.get("INFERPROXY_CMD", "").strip()
+    return shlex.split(configured) if configured else [sys.executable, "-m", "adapters.proxy"]
+
+
+class ProxyProcess:
+    """One `inferproxy` forwarding `socket_path` to `upstream`; restartable on the same path."""
+
+    def __init__(self, upstream: str, socket_path: str | None = None) -> None:
+        self.upstream = upstream
+        self.socket_path = socket_path or str(Path(tempfile.mkdtemp(prefix="inferproxy-")) / "infer.sock")
+        self.process: subprocess.Popen[str] | None = None
+        self.start_line = ""
+
+    def start(self) -> ProxyProcess:
+        argv = [*proxy_command(), "--listen", self.socket_path, "--upstream", self.upstream]
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.process = process
+        assert process.stdout is not None
+        # The proxy prints its one start line once it listens: that line is the readiness event.
+        line = process.stdout.readline()
+        if "listening" not in line or not Path(self.socket_path).exists():
+            rest = ""
+            if process.poll() is not None:
+                rest = process.stdout.read()
+            self.stop()
+            raise RuntimeError(f"inferproxy did not start: {line!r} {rest!r} ({' '.join(argv)})")
+        self.start_line = line.strip()
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all, so a stale socket file stays behind."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+        self.process = None
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if Path(self.socket_path).is_socket():
+            Path(self.socket_path).unlink()
