@@ -1,8 +1,8 @@
 """Streaming decode throughput: our HTTP + SSE stack against httpx + httpx-sse, in one run.
 
 One recorded llama-server stream (the longest `response.raw` under
-`tests/fixtures/transcripts/`, or a synthetic 604-event stream of the same shape when none is
-recorded yet) is served verbatim by the fake server in its own process, over a Unix socket.
+`tests/fixtures/transcripts/`; a synthetic 604-event stream of the same shape with `--synthetic`
+or when none is recorded) is served verbatim by the fake server in its own process, over a Unix socket.
 Each round reads the whole stream once with each stack, interleaved so both see the same machine:
 
     ours    UdsTransport + SseDecoder + parse_chunk (orjson)
@@ -12,7 +12,7 @@ Reported per stack: events per second (wall clock, connect to `[DONE]`) and CPU 
 (`time.thread_time` of the reading thread). Goal: ours at least 1.5x the events per second of
 httpx + httpx-sse.
 
-Run: `.venv/bin/python bench/decode_bench.py [--quick]`. `run(quick)` returns (name, value) rows
+Run: `.venv/bin/python bench/decode_bench.py [--quick] [--synthetic]`. `run(quick)` returns (name, value) rows
 for a combined table. Not a test: nothing here asserts.
 """
 
@@ -236,8 +236,8 @@ def measure(stacks: dict[str, Callable[[], int]], rounds: int, warmup: int) -> l
     ]
 
 
-def run(quick: bool = False) -> list[tuple[str, str]]:
-    stream = recorded_stream() or synthetic_stream()
+def run(quick: bool = False, synthetic: bool = False) -> list[tuple[str, str]]:
+    stream = (None if synthetic else recorded_stream()) or synthetic_stream()
     rounds, warmup = (10, 2) if quick else (40, 5)
     with fake_server(stream.raw) as socket_path:
         results = measure({"ours": ours(socket_path), "httpx": httpx_stack(socket_path)}, rounds, warmup)
@@ -272,9 +272,10 @@ def print_table(table: list[tuple[str, str]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 40")
+    parser.add_argument("--synthetic", action="store_true", help="the synthetic 604-event stream, not a recording")
     args = parser.parse_args()
     started = time.monotonic()
-    print_table(run(quick=args.quick))
+    print_table(run(quick=args.quick, synthetic=args.synthetic))
     print(f"(took {time.monotonic() - started:.1f} s)")
 
 

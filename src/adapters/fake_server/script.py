@@ -189,15 +189,20 @@ class Routes:
         return item(request)
 
 
-# -- helpers that build scripts ------------------------------------------------------------------
+# -- script builders ------------------------------------------------------------------------------
 
+# As recorded from llama-server; `Reply.wire_headers` appends the framing and `Connection: close`
+# in the same order it does.
 SSE_HEADERS: tuple[tuple[str, str], ...] = (
-    ("Content-Type", "text/event-stream"),
     ("Server", "llama.cpp"),
+    ("Access-Control-Allow-Origin", ""),
+    ("X-Accel-Buffering", "no"),
+    ("Content-Type", "text/event-stream"),
 )
 JSON_HEADERS: tuple[tuple[str, str], ...] = (
-    ("Content-Type", "application/json; charset=utf-8"),
     ("Server", "llama.cpp"),
+    ("Access-Control-Allow-Origin", ""),
+    ("Content-Type", "application/json; charset=utf-8"),
 )
 
 

@@ -165,6 +165,7 @@ class FakeServer:
     def _spawn(self, target: Callable[..., None], *args: object, name: str) -> None:
         thread = threading.Thread(target=self._guard, args=(target, *args), name=name, daemon=True)
         with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]  # a long-lived server
             self._threads.append(thread)
         thread.start()
 
@@ -174,8 +175,7 @@ class FakeServer:
         except _ClientGone:
             pass
         except BaseException as exc:
-            if not self._stopping.is_set():
-                self.errors.append(exc)
+            self.errors.append(exc)
 
     # -- accepting ------------------------------------------------------------------------------
 
@@ -213,6 +213,10 @@ class FakeServer:
             # scenario the tests create on purpose, not a server failure.
             if request is not None and not self._stopping.is_set():
                 request.mark_closed(time.monotonic())
+        except Exception as exc:
+            # A script that fails (a handler raising): recorded before the connection closes,
+            # so the test that sees the close also sees the failure at exit.
+            self.errors.append(exc)
         finally:
             with self._lock:
                 self._live.discard(conn)

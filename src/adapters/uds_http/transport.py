@@ -1,20 +1,22 @@
 """HTTP/1.1 over a Unix socket: the real `Transport`, one request per connection.
 
-h11 does the framing (status line, headers, chunked / content-length / read-to-close bodies);
-this module owns the socket, the timeouts, the size cap on the head and the mapping of every
-failure onto `domain.errors`.
+h11 renders the request and parses the status line and headers (validating them, refusing
+conflicting `Content-Length`s and transfer codings other than `chunked`); `adapters.uds_http.body`
+de-frames the body (chunked, content-length, read-to-close), because h11's per-chunk cost was
+measured at more than the rest of the streaming client together. This module owns the socket,
+the timeouts, the size cap on the head and the mapping of every failure onto `domain.errors`.
 
 Invariants:
-- h11's state changes only when bytes (or EOF) are handed to it. A read that times out hands it
-  nothing, so a timeout leaves the exchange exactly as it was: bytes already received stay in
-  h11's buffer and the next read continues from them.
+- Parser state changes only when bytes (or EOF) are handed to it. A read that times out hands
+  over nothing, so a timeout leaves the exchange exactly as it was: bytes already received stay
+  buffered and the next read continues from them.
 - EOF is handed to h11 only after it asked for more data (`NEED_DATA`), so every error h11
-  raises after EOF means "the peer closed before the message was complete": those become
-  `StreamClosedEarly` with where it happened; every other h11 error is a `ProtocolError`.
+  raises after EOF means "the peer closed inside the head": `StreamClosedEarly`. Every other
+  framing error is a `ProtocolError`; EOF inside a body is `StreamClosedEarly` saying where.
 - No `OSError` leaves this module: connect failures are `ConnectError` naming the socket path,
   failures while writing or reading are `StreamClosedEarly` (or `Stalled` for a write timeout).
-- `read` hands out each h11 `Data` event as it comes, one `bytes` per event, with no extra
-  buffering: the streaming hot path is one `next_event` and, when h11 runs dry, one 64 KiB recv.
+- `read` hands out each chunk as soon as it is buffered, as one `bytes`; the hot path is one
+  `pull` on the body reader and, when it runs dry, one 64 KiB recv.
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ from typing import Final
 
 import h11
 
+from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
 from ports.transport import TIMED_OUT, ResponseHead, TimedOut
 
 RECV_BYTES: Final = 65536
 
-_Data = h11.Data
 _NEED_DATA = h11.NEED_DATA
-_EndOfMessage = h11.EndOfMessage
 _monotonic = time.monotonic
 
 
@@ -71,24 +72,9 @@ class UdsTransport:
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`. A malformed method or path is the caller's bug: `ValueError`.
         """
-        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=self._header_bytes)
-        request = _render_request(conn, method, path, body)
+        conn, request = _render_request(method, path, body, self._header_bytes)  # fails before connecting
         sock = self._connect(timeout)
-        try:
-            sock.settimeout(max(timeout, 0.0))
-            sock.sendall(request)
-        except TimeoutError as exc:
-            sock.close()
-            raise Stalled(
-                f"{method} {path}: writing the request to {self.socket_path} took over {timeout} s"
-            ) from exc
-        except OSError as exc:
-            sock.close()
-            raise StreamClosedEarly(
-                f"{method} {path}: connection to {self.socket_path} closed while the request was "
-                f"written ({_reason(exc)})"
-            ) from exc
-        return UdsExchange(sock, conn, f"{method} {path}", self._header_bytes)
+        return _start(sock, conn, request, method, path, timeout, self._header_bytes, self.socket_path)
 
     def _connect(self, timeout: float) -> socket.socket:
         try:
@@ -105,7 +91,55 @@ class UdsTransport:
         return sock
 
 
-def _render_request(conn: h11.Connection, method: str, path: str, body: bytes | None) -> bytes:
+def exchange_over(
+    sock: socket.socket,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    *,
+    timeout: float,
+    header_bytes: int = 16384,
+    peer: str = "the server",
+) -> UdsExchange:
+    """Send the request on an already connected socket and return the exchange, which owns the
+    socket from then on (closed on failure). `UdsTransport.open` uses it; tests hand it one end
+    of a `socketpair` to play the server byte by byte."""
+    try:
+        conn, request = _render_request(method, path, body, header_bytes)
+    except ValueError:
+        sock.close()
+        raise
+    return _start(sock, conn, request, method, path, timeout, header_bytes, peer)
+
+
+def _start(
+    sock: socket.socket,
+    conn: h11.Connection,
+    request: bytes,
+    method: str,
+    path: str,
+    timeout: float,
+    header_bytes: int,
+    peer: str,
+) -> UdsExchange:
+    try:
+        sock.settimeout(max(timeout, 0.0))
+        sock.sendall(request)
+    except TimeoutError as exc:
+        sock.close()
+        raise Stalled(f"{method} {path}: writing the request to {peer} took over {timeout} s") from exc
+    except OSError as exc:
+        sock.close()
+        raise StreamClosedEarly(
+            f"{method} {path}: connection to {peer} closed while the request was written ({_reason(exc)})"
+        ) from exc
+    return UdsExchange(sock, conn, method.upper(), f"{method} {path}", header_bytes)
+
+
+def _render_request(
+    method: str, path: str, body: bytes | None, header_bytes: int = 16384
+) -> tuple[h11.Connection, bytes]:
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
     headers = [("Host", "localhost")]
     if body is not None:
         headers.append(("Content-Type", "application/json"))
@@ -118,39 +152,37 @@ def _render_request(conn: h11.Connection, method: str, path: str, body: bytes | 
         out += conn.send(h11.EndOfMessage())
     except h11.LocalProtocolError as exc:
         raise ValueError(f"cannot send {method!r} {path!r}: {exc}") from exc
-    return bytes(out)
+    return conn, bytes(out)
 
 
 class UdsExchange:
     """One request's response on its own connection. See `ports.transport` for the contract."""
 
     __slots__ = (
-        "_body_bytes",
+        "_body",
         "_closed",
         "_conn",
-        "_ended",
         "_eof",
         "_fed",
         "_head",
         "_header_bytes",
-        "_last",
+        "_method",
         "_sock",
         "_timeout",
         "_what",
     )
 
-    def __init__(self, sock: socket.socket, conn: h11.Connection, what: str, header_bytes: int) -> None:
+    def __init__(self, sock: socket.socket, conn: h11.Connection, method: str, what: str, header_bytes: int) -> None:
         self._sock = sock
-        self._conn = conn
+        self._conn: h11.Connection | None = conn  # only until the head is parsed
+        self._method = method
         self._what = what
         self._header_bytes = header_bytes
         self._head: ResponseHead | None = None
+        self._body: BodyReader | None = None
         self._timeout: float | None = None
-        self._fed = 0  # bytes handed to h11 so far
-        self._body_bytes = 0
-        self._last: h11.Data | None = None  # the last body event, for error messages
+        self._fed = 0  # bytes handed to h11 while reading the head
         self._eof = False
-        self._ended = False
         self._closed = False
 
     def __enter__(self) -> UdsExchange:
@@ -166,6 +198,8 @@ class UdsExchange:
         if self._closed:
             raise StreamClosedEarly(f"{self._what}: exchange already closed")
         conn = self._conn
+        if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
+            raise ProtocolError(f"{self._what}: response head already refused")
         deadline = _monotonic() + timeout
         while True:
             try:
@@ -173,8 +207,15 @@ class UdsExchange:
             except h11.RemoteProtocolError as exc:
                 raise self._head_error(exc) from exc
             if event is _NEED_DATA:
-                if not self._fill(deadline - _monotonic()):
+                data = self._recv(deadline - _monotonic())
+                if data is None:
                     return TIMED_OUT
+                if data:
+                    self._fed += len(data)
+                    conn.receive_data(data)
+                else:
+                    self._eof = True
+                    conn.receive_data(b"")
             elif type(event) is h11.Response:
                 return self._take_head(event)
             elif type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
@@ -182,45 +223,34 @@ class UdsExchange:
 
     def read(self, timeout: float) -> bytes | TimedOut:
         """The next piece of the body; `b""` once it ended cleanly; `TIMED_OUT` after `timeout`."""
-        if self._ended:
-            return b""
-        if self._head is None:
+        body = self._body
+        if body is None or self._closed:
             if self._closed:
                 raise StreamClosedEarly(f"{self._what}: exchange already closed")
             start = _monotonic()
             if self.head(timeout) is TIMED_OUT:
                 return TIMED_OUT
             timeout -= _monotonic() - start
-        elif self._closed:
-            raise StreamClosedEarly(f"{self._what}: exchange already closed")
-        conn = self._conn
-        deadline: float | None = None
+            body = self._body
+            assert body is not None
+        piece = body.pull()
+        if piece is not None:
+            return piece
+        # Nothing buffered: the only place a read waits, and the only clock read on the hot path.
+        deadline = _monotonic() + timeout
         while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise self._body_error(exc) from exc
-            if type(event) is _Data:
-                self._last = event
-                data = bytes(event.data)
-                self._body_bytes += len(data)
-                return data
-            if event is _NEED_DATA:
-                # The deadline is taken only when a recv is needed: pieces already buffered in
-                # h11 cost no clock read.
-                if deadline is None:
-                    deadline = _monotonic() + timeout
-                    remaining = timeout
-                else:
-                    remaining = deadline - _monotonic()
-                if not self._fill(remaining):
-                    return TIMED_OUT
-            elif type(event) is _EndOfMessage:
-                self._ended = True
-                return b""
-            else:  # pragma: no cover - ConnectionClosed after the end; h11 guarantees order
-                self._ended = True
-                return b""
+            data = self._recv(timeout)
+            if data is None:
+                return TIMED_OUT
+            if data:
+                body.push(data)
+            else:
+                self._eof = True
+                body.eof()
+            piece = body.pull()
+            if piece is not None:
+                return piece
+            timeout = deadline - _monotonic()
 
     def read_all(self, limit: int, timeout: float) -> bytes:
         """The rest of the body, waiting at most `timeout` seconds in all.
@@ -232,8 +262,10 @@ class UdsExchange:
         head = self.head(timeout)
         if isinstance(head, TimedOut):
             raise Stalled(f"{self._what}: no response head within {timeout} s")
+        body = self._body
+        assert body is not None
         length = head.header("content-length")
-        if length is not None and length.isdigit() and int(length) - self._body_bytes > limit:
+        if isinstance(body, LengthBody) and length is not None and int(length) - body.received > limit:
             raise ProtocolError(f"{self._what}: Content-Length {length} is over the {limit}-byte body limit")
         parts: list[bytes] = []
         total = 0
@@ -258,9 +290,9 @@ class UdsExchange:
 
     # -- the socket side ------------------------------------------------------------------------
 
-    def _fill(self, timeout: float) -> bool:
-        """Hand h11 the next bytes (or EOF). False if none arrived within `timeout`."""
-        if self._eof:  # pragma: no cover - h11 raises before asking for data after EOF
+    def _recv(self, timeout: float) -> bytes | None:
+        """The next bytes (`b""` at EOF), or None if none arrived within `timeout`."""
+        if self._eof:  # pragma: no cover - the parsers end or raise at EOF
             raise StreamClosedEarly(f"{self._what}: connection already at EOF")
         sock = self._sock
         if timeout <= 0.0:
@@ -269,38 +301,59 @@ class UdsExchange:
             sock.settimeout(timeout)
             self._timeout = timeout
         try:
-            data = sock.recv(RECV_BYTES)
+            return sock.recv(RECV_BYTES)
         except (TimeoutError, BlockingIOError):
-            return False
+            return None
         except OSError as exc:
             if self._closed:
                 raise StreamClosedEarly(f"{self._what}: exchange already closed") from exc
             raise StreamClosedEarly(f"{self._what}: connection failed {self._where()} ({_reason(exc)})") from exc
-        if data:
-            self._fed += len(data)
-            self._conn.receive_data(data)
-        else:
-            self._eof = True
-            self._conn.receive_data(b"")
-        return True
+
+    def _where(self) -> str:
+        if self._body is None:
+            return f"inside the response head after {self._fed} bytes"
+        return self._body.where()
 
     # -- the head -------------------------------------------------------------------------------
 
     def _take_head(self, event: h11.Response) -> ResponseHead:
-        unread = len(self._conn.trailing_data[0])
-        size = self._fed - unread
+        conn = self._conn
+        assert conn is not None
+        self._conn = None  # h11 is done either way: the body is read by a body reader
+        unread, closed = conn.trailing_data
+        size = self._fed - len(unread)
         if size > self._header_bytes:
             raise ProtocolError(
                 f"{self._what}: response head of {size} bytes is over the {self._header_bytes}-byte limit"
             )
+        if event.http_version not in (b"1.1", b"1.0"):
+            raise ProtocolError(f"{self._what}: unsupported HTTP version {event.http_version.decode()!r}")
         headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
         head = ResponseHead(status=event.status_code, headers=headers)
-        if head.header("transfer-encoding") is not None and head.header("content-length") is not None:
-            # RFC 9112 lets Transfer-Encoding win, but the pair is the shape of a smuggling or
-            # splitting attempt and no honest server sends it: refuse it.
-            raise ProtocolError(f"{self._what}: response has both Transfer-Encoding and Content-Length")
+        body = self._body_reader(head, unread)
+        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
+            body.eof()
         self._head = head
+        self._body = body
         return head
+
+    def _body_reader(self, head: ResponseHead, buffered: bytes) -> BodyReader:
+        # RFC 9112 section 6.3, in order. h11 has already refused a transfer coding other than
+        # `chunked` and conflicting Content-Length values.
+        status = head.status
+        if self._method == "HEAD" or status in (204, 304) or status < 200:
+            return EmptyBody(self._what, buffered)
+        coding = head.header("transfer-encoding")
+        length = head.header("content-length")
+        if coding is not None:
+            if length is not None:
+                # RFC 9112 lets Transfer-Encoding win, but the pair is the shape of a smuggling
+                # or splitting attempt and no honest server sends it: refuse it.
+                raise ProtocolError(f"{self._what}: response has both Transfer-Encoding and Content-Length")
+            return ChunkedBody(self._what, self._header_bytes, buffered)
+        if length is not None:
+            return LengthBody(self._what, int(length), buffered)
+        return BodyReader(self._what, buffered)
 
     def _head_error(self, exc: h11.RemoteProtocolError) -> Exception:
         if self._eof:
@@ -312,37 +365,6 @@ class UdsExchange:
         if str(exc) == "Receive buffer too long":
             return ProtocolError(f"{self._what}: response head over the {self._header_bytes}-byte limit")
         return ProtocolError(f"{self._what}: malformed response head: {exc}")
-
-    # -- the body -------------------------------------------------------------------------------
-
-    def _where(self) -> str:
-        if self._head is None:
-            return f"inside the response head after {self._fed} bytes"
-        return self._body_place()
-
-    def _body_place(self) -> str:
-        head = self._head
-        assert head is not None
-        n = self._body_bytes
-        if head.header("transfer-encoding") is not None:
-            last = self._last
-            if last is not None and not last.chunk_end:
-                return f"inside a chunk after {n} body bytes"
-            return f"between chunks after {n} body bytes (no terminating zero-size chunk)"
-        length = head.header("content-length")
-        if length is not None:
-            return f"inside the body: content-length short, {n} of {length} bytes received"
-        return f"inside the body after {n} bytes"  # pragma: no cover - read-to-close ends at EOF
-
-    def _body_error(self, exc: h11.RemoteProtocolError) -> Exception:
-        if self._eof:
-            return StreamClosedEarly(f"{self._what}: connection closed {self._body_place()}")
-        if str(exc) == "Receive buffer too long":
-            return ProtocolError(
-                f"{self._what}: chunk header or trailer over {self._header_bytes} bytes "
-                f"after {self._body_bytes} body bytes"
-            )
-        return ProtocolError(f"{self._what}: malformed body after {self._body_bytes} bytes: {exc}")
 
 
 def _reason(exc: BaseException) -> str:

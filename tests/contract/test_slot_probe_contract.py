@@ -1,0 +1,185 @@
+"""The `SlotProbe` contract: busy, idle or unavailable for one slot, within its own short timeout,
+never raising for a server fault.
+
+Run against the hand-set fake (the states it is told), and against the real probe over the
+in-memory scripted transport and over a Unix socket to the fake server (the same `/slots`
+scripts for both).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from adapters.fake_server import (
+    End,
+    FakeClock,
+    FakeServer,
+    FakeSlotProbe,
+    Piece,
+    Raw,
+    Reply,
+    RouteItem,
+    ScriptedTransport,
+    error_reply,
+    json_reply,
+    loading,
+    silence,
+    slots_reply,
+)
+from adapters.uds_http.slot_probe import UdsSlotProbe
+from adapters.uds_http.transport import UdsTransport
+from ports import SlotProbe, SlotState
+
+pytestmark = pytest.mark.timeout(20)
+
+TIMEOUT_S = 0.1
+BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+
+
+@dataclass
+class ProbeHarness:
+    kind: str
+    probe: SlotProbe
+    fake: FakeSlotProbe | None = None
+    routes: ScriptedTransport | FakeServer | None = None
+    clock: FakeClock | None = None
+
+    def set_slots(self, busy: list[bool]) -> None:
+        if self.fake is not None:
+            self.fake.states = {i: BUSY if flag else IDLE for i, flag in enumerate(busy)}
+        else:
+            self.serve(slots_reply(busy))
+
+    def serve(self, *replies: RouteItem) -> None:
+        assert self.routes is not None
+        self.routes.route("GET", "/slots", *replies)
+
+    def elapsed(self, since: float) -> float:
+        return (self.clock.now() if self.clock else time.monotonic()) - since
+
+    def now(self) -> float:
+        return self.clock.now() if self.clock else time.monotonic()
+
+
+@pytest.fixture(params=["fake", "memory", "uds"])
+def any_probe(request: pytest.FixtureRequest) -> Iterator[ProbeHarness]:
+    yield from _harness(request.param)
+
+
+@pytest.fixture(params=["memory", "uds"])
+def real_probe(request: pytest.FixtureRequest) -> Iterator[ProbeHarness]:
+    yield from _harness(request.param)
+
+
+def _harness(kind: str) -> Iterator[ProbeHarness]:
+    if kind == "fake":
+        fake = FakeSlotProbe()
+        yield ProbeHarness(kind, fake, fake=fake)
+    elif kind == "memory":
+        clock = FakeClock()
+        scripted = ScriptedTransport(clock)
+        yield ProbeHarness(kind, UdsSlotProbe(scripted, timeout=TIMEOUT_S, clock=clock), routes=scripted, clock=clock)
+    else:
+        with FakeServer() as server:
+            probe = UdsSlotProbe(UdsTransport(server.socket_path), timeout=TIMEOUT_S)
+            yield ProbeHarness(kind, probe, routes=server)
+
+
+# -- every implementation ------------------------------------------------------------------------
+
+
+def test_a_processing_slot_is_busy_and_a_free_one_idle(any_probe: ProbeHarness) -> None:
+    any_probe.set_slots([True, False])
+    assert isinstance(any_probe.probe, SlotProbe)
+    assert any_probe.probe.state(0) is BUSY
+    assert any_probe.probe.state(1) is IDLE
+
+
+def test_a_slot_the_server_does_not_have_is_unavailable(any_probe: ProbeHarness) -> None:
+    any_probe.set_slots([False, False])
+    assert any_probe.probe.state(2) is UNAVAILABLE
+
+
+def test_a_negative_slot_is_a_bug(any_probe: ProbeHarness) -> None:
+    with pytest.raises(ValueError):
+        any_probe.probe.state(-1)
+
+
+# -- the real probe: every server fault is unavailable -------------------------------------------
+
+FAULTS: dict[str, RouteItem] = {
+    "503 while the model loads": loading(),
+    "501 with --no-slots": error_reply(501, "This server does not support slots endpoint.", "not_supported_error"),
+    "404": error_reply(404, "File Not Found", "not_found_error"),
+    "malformed JSON": Reply(pieces=[Piece(0, b"[{")]),
+    "an object instead of a list": json_reply({"id": 0, "is_processing": True}),
+    "is_processing missing": json_reply([{"id": 0}]),
+    "is_processing not a bool": json_reply([{"id": 0, "is_processing": 1}]),
+    "the id as a string": json_reply([{"id": "0", "is_processing": False}]),
+    "entries that are not objects": json_reply([0, None, "x"]),
+    "a cut before the head": Raw((), End.CLOSE),
+    "a cut inside the body": Reply(headers=[("Content-Length", "100")], pieces=[Piece(0, b"[")]),
+    "garbage": Raw([Piece(0, b"\x00\x01\x02\r\n\r\n")]),
+    "a body over the limit": Reply(pieces=[Piece(0, b" " * (4 * 1024 * 1024 + 1))]),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_server_fault_is_unavailable_never_an_exception(real_probe: ProbeHarness, fault: str) -> None:
+    real_probe.serve(FAULTS[fault])
+    assert real_probe.probe.state(0) is UNAVAILABLE
+
+
+def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path: Path) -> None:
+    if isinstance(real_probe.routes, ScriptedTransport):
+        real_probe.routes.refusing = True
+        probe = real_probe.probe
+    else:
+        probe = UdsSlotProbe(UdsTransport(str(tmp_path / "missing.sock")), timeout=TIMEOUT_S)
+    assert probe.state(0) is UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    "script",
+    [silence(), Reply(head_delay_s=0.5), Reply(headers=[("Content-Length", "50")], pieces=[Piece(0, b"[")],
+                                               end=End.SILENCE)],
+    ids=["no head", "a late head", "a body that stops"],
+)
+def test_silence_is_unavailable_within_the_probes_own_timeout(real_probe: ProbeHarness, script: RouteItem) -> None:
+    real_probe.serve(script)
+    start = real_probe.now()
+    assert real_probe.probe.state(0) is UNAVAILABLE
+    elapsed = real_probe.elapsed(start)
+    if real_probe.clock is not None:
+        assert elapsed == pytest.approx(TIMEOUT_S)
+    else:
+        assert TIMEOUT_S * 0.8 <= elapsed < TIMEOUT_S + 1.0
+
+
+def test_each_probe_asks_get_slots_on_its_own_connection_and_closes_it(real_probe: ProbeHarness) -> None:
+    real_probe.serve(slots_reply([True]))
+    real_probe.probe.state(0)
+    real_probe.probe.state(0)
+    assert real_probe.routes is not None
+    requests = real_probe.routes.requests
+    assert [(r.method, r.target, r.body) for r in requests] == [("GET", "/slots", b"")] * 2
+    assert all(r.client_closed.wait(2.0) for r in requests)
+
+
+def test_the_answer_follows_the_server_from_one_probe_to_the_next(real_probe: ProbeHarness) -> None:
+    real_probe.serve(loading(), slots_reply([True]), slots_reply([False]))
+    assert [real_probe.probe.state(0) for _ in range(4)] == [UNAVAILABLE, BUSY, IDLE, IDLE]
+
+
+def test_a_slot_with_full_llama_server_fields_is_read(real_probe: ProbeHarness) -> None:
+    real_probe.serve(json_reply([
+        {"id": 0, "id_task": 12, "n_ctx": 4096, "speculative": False, "is_processing": True,
+         "params": {"n_predict": -1, "samplers": ["top_k"]}, "next_token": {"has_next_token": True}},
+        {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False},
+    ]))
+    assert (real_probe.probe.state(0), real_probe.probe.state(1)) == (BUSY, IDLE)
