@@ -239,3 +239,29 @@ def test_proxy_forwards_a_real_streamed_answer_byte_exactly(tools_server: llama.
     assert received.startswith(b"HTTP/1.1 200")
     assert b"data: [DONE]" in received
     assert bytes(received) == bytes(upstream_bytes)
+
+
+def test_router_reloads_an_unloaded_model_while_the_chat_waits(router_server: llama.LlamaServer) -> None:
+    """The brief's upstream as it is: a router. After `/models/unload`, a chat through the proxy
+    is held by the router while it loads the model again, and completes.
+
+    Pinned: the router answers `GET /slots?model=M` for an unloaded model by loading it
+    (autoload), and holds a chat for it until the load is done; it never answers 503 here."""
+    model = llama.ROUTER_MODEL
+    with ProxyProcess(f"{router_server.host}:{router_server.port}") as proxy:
+        client = make_client(proxy.socket_path, model=model, max_tokens=8, limits={"poll_ms": 100})
+        warm = client.chat(ChatRequest(slot=0, messages=QUESTION), lambda e: None)
+        assert warm.timings.predicted_n > 0
+        status, answer = router_server.post_json("/models/unload", {"model": model})
+        assert (status, answer) == (200, {"success": True})
+        _, models = router_server.get_json("/models")
+        state = {m["id"]: m["status"]["value"] for m in models["data"]}
+        assert state[model] in ("unloaded", "unloading")
+        events: list[ChatEvent] = []
+        completion = client.chat(ChatRequest(slot=0, messages=QUESTION), events.append)
+        assert completion.content
+        assert completion.content == warm.content  # temperature 0: the reloaded model answers alike
+        _, models = router_server.get_json("/models")
+        assert {m["id"]: m["status"]["value"] for m in models["data"]}[model] == "loaded"
+        # Any wait seen while the model loaded was reported as Waiting, never as an error.
+        assert all(isinstance(e, Waiting | Progress | Content | Reasoning) for e in events)

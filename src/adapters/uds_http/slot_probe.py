@@ -8,6 +8,7 @@ negative slot id, a caller's bug, raises.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -21,7 +22,10 @@ SLOTS_PATH = "/slots"
 
 
 class UdsSlotProbe:
-    __slots__ = ("_body_bytes", "_clock", "_timeout", "_transport")
+    """`model`, when given, is sent as `?model=`: a llama-server router routes GETs by it (and
+    loads that model if it was unloaded); a single-model server ignores it."""
+
+    __slots__ = ("_body_bytes", "_clock", "_path", "_timeout", "_transport")
 
     def __init__(
         self,
@@ -30,7 +34,9 @@ class UdsSlotProbe:
         timeout: float,
         body_bytes: int = 4 * 1024 * 1024,
         clock: Clock | None = None,
+        model: str | None = None,
     ) -> None:
+        self._path = SLOTS_PATH if model is None else f"{SLOTS_PATH}?model={quote(model, safe='')}"
         self._transport = transport
         self._timeout = timeout
         self._body_bytes = body_bytes
@@ -48,7 +54,7 @@ class UdsSlotProbe:
         clock = self._clock
         deadline = clock.now() + self._timeout
         try:
-            exchange = self._transport.open("GET", SLOTS_PATH, timeout=self._timeout)
+            exchange = self._transport.open("GET", self._path, timeout=self._timeout)
         except InferError:
             return None
         try:

@@ -1,0 +1,89 @@
+"""`python -m app.selftest` through a real inferproxy against the real llama-server."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import llama
+import pytest
+from proxy import ProxyProcess
+
+pytestmark = pytest.mark.device
+
+
+@pytest.fixture
+def proxy(tools_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
+    with ProxyProcess(f"{tools_server.host}:{tools_server.port}") as running:
+        yield running
+
+
+def write_config(path: Path, socket_path: str, *, sha: str | None, extra: str = "") -> Path:
+    expect = "" if sha is None else (
+        f'[expect]\nchat_template_sha256 = "{sha}"\nn_ctx = {llama.SLOT_CONTEXT}\ntotal_slots = {llama.SLOTS}\n'
+    )
+    prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    path.write_text(
+        f'socket = "{socket_path}"\nmodel = "{llama.ALIAS}"\n{extra}'
+        f'[sampling]\ntemperature = 0.0\nseed = 42\n{expect}[selftest]\ntool_prefill = "{prefill}"\n'
+    )
+    return path
+
+
+def run_selftest(config: Path) -> tuple[int, list[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "app.selftest", "--config", str(config)],
+        capture_output=True, text=True, timeout=300,
+    )
+    return done.returncode, done.stdout.splitlines(), time.monotonic() - started
+
+
+def template_sha(server: llama.LlamaServer) -> str:
+    _, props = server.get_json("/props")
+    return hashlib.sha256(props["chat_template"].encode("utf-8")).hexdigest()
+
+
+def test_selftest_passes_all_three_checks_against_the_server_it_describes(
+    tools_server: llama.LlamaServer, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "ok.toml", proxy.socket_path, sha=template_sha(tools_server))
+    code, lines, _ = run_selftest(config)
+    assert code == 0, "\n".join(lines)
+    assert [line.split()[0] for line in lines] == ["ok", "ok", "ok", "ok"]
+    assert lines[0].startswith("ok   props:")
+    assert lines[1].startswith("ok   tool call: get_time(")
+    assert lines[2].startswith("ok   cache: turn 2 reused")
+    assert "3/3 checks passed" in lines[3]
+
+
+def test_selftest_fails_with_a_clear_line_when_expect_is_wrong(
+    tools_server: llama.LlamaServer, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    wrong = "0" * 64
+    config = write_config(tmp_path / "wrong.toml", proxy.socket_path, sha=wrong)
+    code, lines, _ = run_selftest(config)
+    assert code == 1
+    assert lines[0].startswith("FAIL props: chat_template sha256 ")
+    assert template_sha(tools_server) in lines[0] and wrong in lines[0]
+    assert lines[-1].startswith("FAIL selftest: 2/3")
+
+
+def test_selftest_without_expect_refuses_to_run(proxy: ProxyProcess, tmp_path: Path) -> None:
+    code, lines, _ = run_selftest(write_config(tmp_path / "none.toml", proxy.socket_path, sha=None))
+    assert code == 2
+    assert lines == [lines[0]] and "needs an [expect] section" in lines[0]
+
+
+def test_selftest_against_a_dead_socket_fails_within_the_configured_waits(tmp_path: Path) -> None:
+    dead = str(tmp_path / "nobody.sock")
+    retry = '[retry]\nattempts = 2\ndelays_ms = [100]\n'
+    code, lines, seconds = run_selftest(write_config(tmp_path / "dead.toml", dead, sha="1" * 64, extra=retry))
+    assert code == 1
+    assert lines[0].startswith("FAIL props: ConnectError") and dead in lines[0]
+    assert lines[1].startswith("FAIL tool call: not run")
+    assert seconds < 30
