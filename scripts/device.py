@@ -23,8 +23,9 @@ sys.path.insert(0, str(REPO / "tests" / "device"))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import llama  # noqa: E402
-from demo import config_for  # noqa: E402
 from proxy import ProxyProcess, proxy_command  # noqa: E402
+
+from demo import config_for  # noqa: E402
 
 
 def write_toml(path: Path, data: dict[str, object]) -> None:

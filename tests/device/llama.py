@@ -198,9 +198,7 @@ class LlamaServer:
     def connection(self, timeout: float = 60.0) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def request(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None, timeout: float = 60.0
-    ) -> Response:
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None, timeout: float = 60.0) -> Response:
         conn = self.connection(timeout)
         try:
             payload = None if body is None else json.dumps(body).encode()
@@ -276,9 +274,20 @@ def server_argv(
     else:
         argv += ["-m", str(found.model), "--alias", ALIAS]
     argv += [
-        "--host", HOST, "--port", str(port),
-        "-c", str(context), "-np", str(slots), "--no-kv-unified",
-        "-t", str(THREADS), "--no-webui", "--sse-ping-interval", str(ping_interval),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "-c",
+        str(context),
+        "-np",
+        str(slots),
+        "--no-kv-unified",
+        "-t",
+        str(THREADS),
+        "--no-webui",
+        "--sse-ping-interval",
+        str(ping_interval),
     ]
     chosen = template if template is not None else preset.template
     if chosen is not None:
@@ -332,8 +341,13 @@ def launch(
     for attempt in range(1, attempts + 1):
         port = free_port()
         argv = server_argv(
-            chosen, port, slots=slots, context=context, ping_interval=ping_interval,
-            template=template, extra_args=extra_args,
+            chosen,
+            port,
+            slots=slots,
+            context=context,
+            ping_interval=ping_interval,
+            template=template,
+            extra_args=extra_args,
         )
         log_path = directory / f"llama-server-{preset}-{port}.log"
         log_file = log_path.open("wb")
