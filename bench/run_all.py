@@ -1,0 +1,39 @@
+"""`make bench`: every benchmark, side by side measurements in one run, printed as one table."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SUITES = [
+    ("proxy vs socat vs direct TCP", "proxy_bench"),
+    ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
+    ("client CPU per chunk vs openai-python", "client_bench"),
+    ("end to end against the real llama-server", "e2e_bench"),
+]
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    rows: list[tuple[str, str]] = []
+    for title, module_name in SUITES:
+        started = time.monotonic()
+        print(f"running {module_name} ...", file=sys.stderr, flush=True)
+        module = importlib.import_module(module_name)
+        suite_rows = module.run(quick=quick)
+        rows.append((f"== {title}", f"({time.monotonic() - started:.0f} s)"))
+        rows.extend(suite_rows)
+    width = max(len(name) for name, _ in rows)
+    print()
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
