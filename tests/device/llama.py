@@ -32,6 +32,7 @@ import http.client
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -379,8 +380,15 @@ def launch(
 @contextlib.contextmanager
 def start_server(preset: str, **overrides: Any) -> Iterator[LlamaServer]:
     """Run a preset for the ``with`` body; overrides are ``launch``'s keyword arguments."""
+    own_dir = None
+    if overrides.get("log_dir") is None:
+        # A log folder made here is removed after a clean run and kept when the body raised.
+        own_dir = Path(tempfile.mkdtemp(prefix="inferpath-llama-"))
+        overrides["log_dir"] = own_dir
     server = launch(preset, **overrides)
     try:
         yield server
     finally:
         server.stop()
+    if own_dir is not None:
+        shutil.rmtree(own_dir, ignore_errors=True)
