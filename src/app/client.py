@@ -6,11 +6,17 @@ The life of one request (the brief, section 4):
     liveness limit -> thinking cap (reasoning_end on a second connection) -> Completion
 
 Invariants:
-- Every read has a deadline, so no path can hang: before the first data event the deadline is
-  the next poll; after it, the liveness limit. Keep-alive comments never move a deadline.
-- Nothing is returned before the final chunk; every error closes the stream's connection
-  (which cancels generation on the server) and releases the slot gate.
+- Every read has a deadline, so no path can hang: before the response head the deadline is the
+  next poll; from the head on (llama-server sends it only when it starts our request, so it is
+  the brief's "first byte"), the liveness limit. Only data events (progress, deltas) restart the
+  liveness timer; keep-alive comments and partial lines move no deadline.
+- Nothing is returned before the final chunk (the one with `finish_reason`); a stream that ends
+  after it without `[DONE]` is complete, one that ends before it is `StreamClosedEarly`. Every
+  error closes the stream's connection (which cancels generation on the server) and releases
+  the slot gate.
 - A retry sends the very same bytes: the body is rendered once per `chat_with_retry` call.
+- Every call names the model (`?model=` on a GET, `model` in a POST body) so that a llama-server
+  router routes it; a single-model server ignores it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
@@ -77,8 +84,14 @@ class SlotInfo:
 
 @dataclass(frozen=True, slots=True)
 class Token:
+    """One token of `/tokenize`. llama-server sends a piece that is not valid UTF-8 on its own
+    (part of a multi-byte character) as a list of byte values: `data` holds the exact bytes, so
+    `b"".join(t.data for t in tokens)` is the text's UTF-8; `piece` is `data` as text, with
+    U+FFFD where a character is split between tokens."""
+
     id: int
     piece: str
+    data: bytes
 
 
 class Client:
@@ -104,6 +117,9 @@ class Client:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
+        # A llama-server router routes a GET by `?model=` and a POST by the body's `model`; a
+        # single-model server ignores both.
+        self._model_query = "?model=" + quote(request_settings.model, safe="")
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -152,6 +168,11 @@ class Client:
             head = self._await_head(exchange, slot, on_event)
             if head.status != 200:
                 raise HttpError(head.status, self._error_body(exchange), self._limits.error_body_bytes)
+            kind = head.header("content-type")
+            if kind is not None and not kind.lower().startswith("text/event-stream"):
+                # A whole answer where a stream was asked for would read as a stream without its
+                # final chunk and be retried; it is a server that ignored `stream: true`.
+                raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
             return self._stream(exchange, on_event)
         finally:
             exchange.close()
@@ -247,7 +268,9 @@ class Client:
         if completion_id is None:
             return "the stream carried no completion id"
         try:
-            answer = self._request_json("POST", CONTROL_PATH, build_control_body(completion_id, self._settings.model))
+            # The stream is not read meanwhile, so the call gets the liveness limit, not a load wait.
+            body = build_control_body(completion_id, self._settings.model)
+            answer = self._request_json("POST", CONTROL_PATH, body, wait_ms=self._limits.liveness_ms)
         except InferError as exc:
             return f"{type(exc).__name__}: {exc}"
         if isinstance(answer, dict) and answer.get("success") is True:
@@ -257,7 +280,7 @@ class Client:
     # -- info ---------------------------------------------------------------------------------
 
     def props(self) -> Props:
-        data = self._request_json("GET", "/props")
+        data = self._request_json("GET", "/props" + self._model_query)
         try:
             template = data["chat_template"]
             total_slots = data["total_slots"]
@@ -276,44 +299,55 @@ class Client:
         )
 
     def slots(self) -> list[SlotInfo]:
-        data = self._request_json("GET", "/slots")
+        data = self._request_json("GET", "/slots" + self._model_query)
         if not isinstance(data, list):
             raise ProtocolError("/slots answer is not a list")
         out = []
         for entry in data:
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+            if not isinstance(entry, dict) or type(entry.get("id")) is not int:
                 raise ProtocolError(f"/slots entry without an integer id: {str(entry)[:200]}")
+            busy = entry.get("is_processing")
+            if type(busy) is not bool:
+                raise ProtocolError(f"/slots entry {entry['id']} has is_processing {busy!r}, not a boolean")
             n_ctx = entry.get("n_ctx")
-            busy = bool(entry.get("is_processing"))
-            out.append(SlotInfo(entry["id"], busy, n_ctx if isinstance(n_ctx, int) else None))
+            out.append(SlotInfo(entry["id"], busy, n_ctx if type(n_ctx) is int else None))
         return out
 
     def tokenize(self, text: str) -> list[Token]:
-        body = json.dumps({"content": text, "with_pieces": True}, ensure_ascii=False).encode("utf-8")
+        request = {"content": text, "with_pieces": True, "model": self._settings.model}
+        body = json.dumps(request, ensure_ascii=False).encode("utf-8")
         data = self._request_json("POST", "/tokenize", body)
         tokens = data.get("tokens") if isinstance(data, dict) else None
         if not isinstance(tokens, list):
             raise ProtocolError("/tokenize answer has no token list")
         out = []
         for tok in tokens:
-            if not isinstance(tok, dict) or not isinstance(tok.get("id"), int):
+            if not isinstance(tok, dict) or type(tok.get("id")) is not int:
                 raise ProtocolError(f"/tokenize entry without an integer id: {str(tok)[:200]}")
             piece = tok.get("piece")
-            out.append(Token(tok["id"], piece if isinstance(piece, str) else str(piece)))
+            if isinstance(piece, str):
+                out.append(Token(tok["id"], piece, piece.encode("utf-8")))
+            elif isinstance(piece, list) and all(type(b) is int and 0 <= b <= 255 for b in piece):
+                data = bytes(piece)
+                out.append(Token(tok["id"], data.decode("utf-8", "replace"), data))
+            else:
+                raise ProtocolError(f"/tokenize entry {tok['id']} has a piece that is neither text nor bytes")
         return out
 
-    def _request_json(self, method: str, path: str, body: bytes | None = None) -> Any:
-        """A small request whose answer is one JSON document (not a stream)."""
+    def _request_json(self, method: str, path: str, body: bytes | None = None, *, wait_ms: int | None = None) -> Any:
+        """A small request whose answer is one JSON document (not a stream); `Stalled` if its head
+        does not come within `wait_ms` (by default `load_wait_ms`: a router may be loading)."""
         limits = self._limits
+        wait_ms = limits.load_wait_ms if wait_ms is None else wait_ms
         exchange = self._transport.open(method, path, body, timeout=limits.poll_ms / 1000.0)
         try:
-            deadline = self._clock.now() + limits.load_wait_ms / 1000.0
+            deadline = self._clock.now() + wait_ms / 1000.0
             while True:
                 head = exchange.head(max(0.0, min(limits.poll_ms / 1000.0, deadline - self._clock.now())))
                 if not isinstance(head, TimedOut):
                     break
                 if self._clock.now() >= deadline:
-                    raise Stalled(f"{method} {path}: no answer within {limits.load_wait_ms} ms")
+                    raise Stalled(f"{method} {path}: no answer within {wait_ms} ms")
             if head.status != 200:
                 raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
             raw = exchange.read_all(limits.body_bytes, limits.liveness_ms / 1000.0)

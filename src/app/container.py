@@ -79,7 +79,9 @@ class Container(containers.DeclarativeContainer):
         UdsSlotProbe,
         transport=transport,
         timeout=providers.Callable(probe_timeout, config),
+        body_bytes=config.provided.limits.body_bytes,
         clock=clock,
+        model=config.provided.model,
     )
     gate = providers.Singleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
     client = providers.Singleton(

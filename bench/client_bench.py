@@ -1,0 +1,405 @@
+"""Client CPU per streamed chunk: `app.Client.chat` against openai-python and bare httpx, in one run.
+
+Two llama-server streams, each served verbatim by the fake server in its own process over a Unix
+socket: the recorded `response.raw` under `tests/fixtures/transcripts/` with the most events (when
+one is recorded), and a synthetic 604-event stream of the same shape (progress, reasoning deltas,
+content deltas, per-token timings), the length of a long answer, where the per-request costs
+(connect, request, head) weigh less. `--transcript PATH` measures one given `response.raw`
+instead. Each round reads the whole stream once with each stack, interleaved so all three see
+the same machine:
+
+    client   app.Client.chat: slot gate, UdsTransport, SseDecoder, orjson, Assembler, liveness and
+             thinking cap, events to a sink, the final Completion
+    openai   openai-python's streaming client on httpx.HTTPTransport(uds=...), accumulating the
+             same message (content, reasoning, tool calls by index, finish reason, timings)
+    httpx    bare httpx + httpx-sse + json.loads (decoding only, nothing accumulated)
+
+CPU is `time.thread_time` of the reading thread from the request to the final message, divided
+by the stream's data events. Goal: the client at most 0.15x openai-python's CPU per chunk. Each
+run first checks that the client's Completion equals what openai-python accumulated.
+
+Run: `.venv/bin/python bench/client_bench.py [--quick] [--transcript PATH]`. `run(quick)` returns
+(name, value) rows for a combined table. Not a test: nothing here asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from app.config import parse_config  # noqa: E402
+from app.container import Container  # noqa: E402
+from domain.completion import Completion  # noqa: E402
+from domain.events import ChatEvent  # noqa: E402
+from domain.messages import ChatRequest, SystemMessage, UserMessage  # noqa: E402
+
+TRANSCRIPTS = ROOT / "tests" / "fixtures" / "transcripts"
+CHAT_PATH = "/v1/chat/completions"
+MODEL = "test-model"
+READY_TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0
+GOAL = 0.15
+REQUEST = ChatRequest(
+    slot=0,
+    messages=(SystemMessage("You are a helpful assistant."), UserMessage("Write a long story.")),
+    thinking=True,
+)
+
+
+@dataclass(frozen=True)
+class Stream:
+    source: str
+    raw: bytes
+    events: int
+
+
+@dataclass
+class Message:
+    """What a stack accumulated: compared between the client and openai-python."""
+
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[tuple[str, str, str]]
+    finish_reason: str | None
+    predicted_n: int
+
+
+@dataclass
+class StackResult:
+    name: str
+    events: int
+    cpu_s: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+
+    @property
+    def cpu_us_per_chunk(self) -> float:
+        return statistics.median(self.cpu_s) / self.events * 1e6
+
+    @property
+    def wall_ms(self) -> float:
+        return statistics.median(self.wall_s) * 1e3
+
+
+# ---------------------------------------------------------------------------------------------
+# The stream
+
+
+def _data_events(raw: bytes) -> int:
+    return raw.count(b"data: ") - raw.count(b"data: [DONE]")
+
+
+def recorded_stream() -> Stream | None:
+    best: Stream | None = None
+    for raw_path in sorted(TRANSCRIPTS.glob("*/response.raw")):
+        raw = raw_path.read_bytes()
+        head, _, _ = raw.partition(b"\r\n\r\n")
+        if b"text/event-stream" not in head.lower() or not head.startswith(b"HTTP/1.1 200"):
+            continue
+        events = _data_events(raw)
+        if best is None or events > best.events:
+            best = Stream(str(raw_path.relative_to(ROOT)), raw, events)
+    return best
+
+
+def synthetic_stream(events: int = 604) -> Stream:
+    """A stream shaped like llama-server's with `return_progress` and `timings_per_token` on:
+    two progress chunks, a role-only chunk sharing its HTTP chunk with the first delta, half the
+    tokens reasoning and half content (one delta per chunk, each with timings), the finish chunk
+    and `[DONE]`; chunked framing, one HTTP chunk per event."""
+    base = {
+        "created": 1796010845,
+        "id": "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y",
+        "model": MODEL,
+        "system_fingerprint": "b0-unknown",
+        "object": "chat.completion.chunk",
+    }
+    role = {"role": "assistant", "content": None}
+
+    def timings(n: int) -> dict[str, object]:
+        return {
+            "cache_n": 0,
+            "prompt_n": 42,
+            "prompt_ms": 124.437,
+            "prompt_per_token_ms": 2.9627857142857144,
+            "prompt_per_second": 337.52019093999377,
+            "predicted_n": n,
+            "predicted_ms": 7.3446 * n,
+            "predicted_per_token_ms": 7.3446,
+            "predicted_per_second": 136.15445361217766,
+        }
+
+    def event(delta: Mapping[str, object], *, finish: str | None = None, n: int | None = None,
+              progress: dict[str, int] | None = None) -> bytes:
+        chunk: dict[str, object] = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], **base}
+        if n is not None:
+            chunk["timings"] = timings(n)
+        if progress is not None:
+            chunk["prompt_progress"] = progress
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    tokens = events - 4  # two progress chunks, the role-only chunk and the finish chunk
+    thinking = tokens // 2
+    chunks = [
+        event(role, n=0, progress={"total": 42, "cache": 0, "processed": 0, "time_ms": 0}),
+        event(role, n=0, progress={"total": 42, "cache": 0, "processed": 42, "time_ms": 124}),
+    ]
+    first = True
+    for n in range(1, tokens + 1):
+        word = f" w{n}" if n % 7 else f" w{n}.\n"
+        delta = {"reasoning_content": word} if n <= thinking else {"content": word}
+        piece = event(delta, n=n)
+        if first:
+            piece = event(role) + piece
+            first = False
+        chunks.append(piece)
+    chunks.append(event({}, finish="stop", n=tokens))
+    chunks.append(b"data: [DONE]\n\n")
+    head = (
+        b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
+        b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    raw = head + body
+    return Stream(f"synthetic ({events} events)", raw, _data_events(raw))
+
+
+# ---------------------------------------------------------------------------------------------
+# The server: the fake server's command line, in its own process so it never shares our GIL
+
+
+@contextmanager
+def fake_server(raw: bytes) -> Iterator[str]:
+    with tempfile.TemporaryDirectory(prefix="client-bench-") as folder:
+        raw_path = os.path.join(folder, "response.raw")
+        with open(raw_path, "wb") as handle:
+            handle.write(raw)
+        socket_path = os.path.join(folder, "llama.sock")
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        # One piece per 64 KiB: the bench measures the client, not the server's pacing.
+        command = [sys.executable, "-m", "adapters.fake_server", "--socket", socket_path,
+                   "--transcript", raw_path, "--piece-bytes", "65536"]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            line = process.stdout.readline()
+            if not line.startswith("serving") or time.monotonic() > deadline:
+                raise RuntimeError(f"fake server did not start: {line!r}")
+            yield socket_path
+        finally:
+            process.terminate()
+            process.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
+# The three stacks: each reads the stream to its end and returns what it accumulated
+
+
+def client_stack(socket_path: str) -> Callable[[], Message]:
+    config = parse_config({
+        "socket": socket_path,
+        "model": MODEL,
+        "limits": {"poll_ms": int(TIMEOUT_S * 1000), "thinking_cap": 1 << 20},
+        "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
+    })
+    client = Container(config=config).client()
+    sink: list[ChatEvent] = []
+
+    def read_stream() -> Message:
+        sink.clear()
+        completion = client.chat(REQUEST, sink.append)
+        return _message_of(completion)
+
+    return read_stream
+
+
+def _message_of(completion: Completion) -> Message:
+    return Message(
+        completion.content,
+        completion.reasoning_content,
+        [(c.id, c.name, c.arguments) for c in completion.tool_calls],
+        completion.finish_reason.value,
+        completion.timings.predicted_n,
+    )
+
+
+def openai_stack(socket_path: str) -> Callable[[], Message]:
+    import httpx
+    import openai
+
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=TIMEOUT_S)
+    client = openai.OpenAI(base_url="http://localhost/v1", api_key="none", http_client=http, max_retries=0)
+    messages: list[Any] = [{"role": "system", "content": REQUEST.messages[0].content},
+                           {"role": "user", "content": REQUEST.messages[1].content}]
+    extra_body = {"id_slot": 0, "cache_prompt": True, "return_progress": True, "timings_per_token": True,
+                  "reasoning_control": True, "chat_template_kwargs": {"enable_thinking": True}}
+
+    def read_stream() -> Message:
+        content: list[str] = []
+        reasoning: list[str] = []
+        calls: dict[int, list[Any]] = {}
+        finish: str | None = None
+        timings: dict[str, Any] | None = None
+        stream = client.chat.completions.create(model=MODEL, messages=messages, stream=True, extra_body=extra_body)
+        for chunk in stream:
+            extra = chunk.model_extra or {}
+            if extra.get("timings") is not None:
+                timings = extra["timings"]
+            if not chunk.choices:
+                continue
+            choice = chunk.choices[0]
+            delta = choice.delta
+            text = getattr(delta, "reasoning_content", None)
+            if text:
+                reasoning.append(text)
+            if delta.content:
+                content.append(delta.content)
+            for call in delta.tool_calls or ():
+                entry = calls.setdefault(call.index, [None, None, []])
+                if call.id:
+                    entry[0] = call.id
+                if call.function is not None:
+                    if call.function.name:
+                        entry[1] = call.function.name
+                    if call.function.arguments:
+                        entry[2].append(call.function.arguments)
+            if choice.finish_reason is not None:
+                finish = choice.finish_reason
+        return Message(
+            "".join(content) if content else None,
+            "".join(reasoning) if reasoning else None,
+            [(c[0] or "", c[1] or "", "".join(c[2])) for _, c in sorted(calls.items())],
+            finish,
+            int((timings or {}).get("predicted_n", 0)),
+        )
+
+    return read_stream
+
+
+def httpx_stack(socket_path: str) -> Callable[[], Message]:
+    import httpx
+    import httpx_sse
+
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=TIMEOUT_S)
+    url = "http://localhost" + CHAT_PATH
+    body = b'{"model":"test-model","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    headers = {"content-type": "application/json"}
+
+    def read_stream() -> Message:
+        with httpx_sse.connect_sse(http, "POST", url, content=body, headers=headers) as source:
+            for sse in source.iter_sse():
+                if sse.data == "[DONE]":
+                    break
+                json.loads(sse.data)
+        return Message(None, None, [], None, 0)
+
+    return read_stream
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+def measure(stream: Stream, stacks: dict[str, Callable[[], Message]], rounds: int, warmup: int) -> list[StackResult]:
+    results = {name: StackResult(name, stream.events) for name in stacks}
+    for index in range(warmup + rounds):
+        for name, read_stream in stacks.items():
+            wall = time.perf_counter()
+            cpu = time.thread_time()
+            read_stream()
+            cpu = time.thread_time() - cpu
+            wall = time.perf_counter() - wall
+            if index >= warmup:
+                results[name].cpu_s.append(cpu)
+                results[name].wall_s.append(wall)
+    return list(results.values())
+
+
+def check_same_message(stacks: dict[str, Callable[[], Message]]) -> None:
+    ours, theirs = stacks["client"](), stacks["openai"]()
+    if ours != theirs:
+        raise RuntimeError(f"the client and openai-python disagree:\n  client {ours}\n  openai {theirs}")
+
+
+def bench_stream(stream: Stream, quick: bool) -> list[tuple[str, str]]:
+    rounds, warmup = (10, 2) if quick else (40, 5)
+    with fake_server(stream.raw) as socket_path:
+        stacks = {
+            "client": client_stack(socket_path),
+            "openai": openai_stack(socket_path),
+            "httpx": httpx_stack(socket_path),
+        }
+        check_same_message(stacks)
+        results = measure(stream, stacks, rounds, warmup)
+    return rows(stream, results)
+
+
+def run(quick: bool = False, transcript: str | None = None) -> list[tuple[str, str]]:
+    if transcript is not None:
+        raw = Path(transcript).read_bytes()
+        streams = [Stream(transcript, raw, _data_events(raw))]
+    else:
+        recorded = recorded_stream()
+        streams = [*([recorded] if recorded else []), synthetic_stream()]
+    return [row for stream in streams for row in bench_stream(stream, quick)]
+
+
+LABELS = {
+    "client": "app.Client.chat (to the Completion)",
+    "openai": "openai-python stream, accumulated",
+    "httpx": "httpx + httpx-sse + json.loads",
+}
+
+
+def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
+    by_name = {r.name: r for r in results}
+    per_event = len(stream.raw) / max(stream.events, 1)
+    tag = f"client [{stream.events} events]"
+    out = [(f"{tag}: stream", f"{stream.source}, {per_event:.0f} bytes/event")]
+    for r in results:
+        value = f"{r.cpu_us_per_chunk:.2f} µs ({r.wall_ms:.1f} ms/stream)"
+        out.append((f"{tag}: {LABELS[r.name]} CPU per chunk", value))
+    ratio = by_name["client"].cpu_us_per_chunk / by_name["openai"].cpu_us_per_chunk
+    verdict = "met" if ratio <= GOAL else "MISSED"
+    out.append((f"{tag}: CPU per chunk, client / openai-python (goal <= {GOAL})", f"{ratio:.3f}x ({verdict})"))
+    out.append((
+        f"{tag}: CPU per chunk, client / bare httpx + httpx-sse",
+        f"{by_name['client'].cpu_us_per_chunk / by_name['httpx'].cpu_us_per_chunk:.2f}x",
+    ))
+    return out
+
+
+def print_table(table: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in table)
+    for name, value in table:
+        print(f"{name:<{width}}  {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="10 rounds instead of 40")
+    parser.add_argument("--transcript", help="measure this response.raw only")
+    args = parser.parse_args()
+    started = time.monotonic()
+    print_table(run(quick=args.quick, transcript=args.transcript))
+    print(f"(took {time.monotonic() - started:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

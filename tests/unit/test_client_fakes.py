@@ -1,0 +1,408 @@
+"""`Client` on the in-memory fakes, with the brief's own limits: a `FakeClock` that moves only when
+a read waits or the client sleeps, a `ScriptedTransport` replaying the fake server's scripts and a
+`FakeSlotProbe` set by hand. Every wait is exact to the millisecond, and a ten-minute wait costs
+no real time.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import (
+    NEVER,
+    End,
+    FakeClock,
+    FakeSlotProbe,
+    Reply,
+    ScriptedTransport,
+    error_reply,
+    json_reply,
+    silence,
+    sse_reply,
+)
+from adapters.fake_server.script import RouteSpec
+from app.client import Client, Props, SlotInfo, Token
+from app.config import parse_config
+from app.container import Container
+from domain.completion import Completion, FinishReason, Timings
+from domain.errors import (
+    ConnectError,
+    HttpError,
+    LoadTimeout,
+    ProtocolError,
+    Stalled,
+    ThinkingOverrun,
+    WaitTimeout,
+)
+from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, ThinkingCapped, Waiting
+from domain.hashing import sha256
+from domain.messages import ChatRequest, UserMessage
+from ports import SlotState
+
+CHAT = ("POST", "/v1/chat/completions")
+CONTROL = ("POST", "/v1/chat/completions/control")
+CID = "chatcmpl-QpnBZIma3eb1YjckyWftUEjfTdO3ZOIS"
+REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
+BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+
+
+class ZeroJitter:
+    def uniform(self, a: float, b: float) -> float:
+        return 0.0
+
+
+@dataclass
+class Rig:
+    client: Client
+    clock: FakeClock
+    transport: ScriptedTransport
+    probe: FakeSlotProbe
+    events: list[ChatEvent]
+
+    def chat(self, *, retry: bool = False, on_event: Callable[[ChatEvent], None] | None = None) -> Completion:
+        sink = on_event or self.events.append
+        return self.client.chat_with_retry(REQ, sink) if retry else self.client.chat(REQ, sink)
+
+
+@pytest.fixture
+def rig_for() -> Iterator[Callable[..., Rig]]:
+    """Build a client from config (the brief's defaults unless given) on the in-memory fakes."""
+    containers: list[Container] = []
+
+    def build(routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None,
+              **sections: Any) -> Rig:
+        config = parse_config({
+            "socket": "/fake/llama.sock",
+            "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2},
+            **sections,
+        })
+        clock = FakeClock()
+        transport = ScriptedTransport(clock, routes)
+        probe = FakeSlotProbe({REQ.slot: slot})
+        container = Container(config=config)
+        container.override_providers(clock=clock, transport=transport, probe=probe, rng=rng or ZeroJitter())
+        containers.append(container)
+        return Rig(container.client(), clock, transport, probe, [])
+
+    yield build
+    for container in containers:
+        container.reset_override()
+
+
+def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
+          progress: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
+        "created": 1796010845,
+        "id": CID,
+        "model": "test-model",
+        "object": "chat.completion.chunk",
+    }
+    if n is not None:
+        out["timings"] = {"cache_n": 3, "prompt_n": 39, "predicted_n": n}
+    if progress is not None:
+        out["prompt_progress"] = {"total": progress[0], "cache": progress[1], "processed": progress[2], "time_ms": 1}
+    return out
+
+
+ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
+ANSWER_EVENTS: list[ChatEvent] = [Content("Hi"), Content("!")]
+COMPLETION = Completion(CID, "Hi!", None, (), FinishReason.STOP, Timings(3, 39, 2), 0, False)
+
+
+# -- the first-byte wait, at the brief's limits -----------------------------------------------------
+
+
+def test_a_busy_slot_waits_exactly_busy_wait_ms_then_wait_timeout(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: silence()}, slot=BUSY)
+
+    with pytest.raises(WaitTimeout, match=r"slot 1 stayed busy for 600000 ms \(limit 600000 ms\)"):
+        rig.chat()
+
+    assert rig.events == [Waiting(slot_busy=True)] * 120  # one per 5 s poll for 10 minutes
+    assert rig.clock.now() == pytest.approx(600.0)
+    assert rig.probe.asked == [1] * 120
+    assert rig.transport.requests[0].client_closed.is_set()
+
+
+def test_an_unavailable_server_waits_exactly_load_wait_ms_then_load_timeout(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: silence()}, slot=UNAVAILABLE)
+
+    with pytest.raises(LoadTimeout):
+        rig.chat()
+
+    assert rig.events == [Waiting(slot_busy=False)] * 36
+    assert rig.clock.now() == pytest.approx(180.0)
+
+
+def test_an_idle_slot_with_no_answer_stalls_after_exactly_idle_grace_ms(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: silence()}, slot=IDLE)
+
+    with pytest.raises(Stalled, match="idle with no answer"):
+        rig.chat()
+
+    assert rig.events == [Waiting(slot_busy=False)] * 6
+    assert rig.clock.now() == pytest.approx(30.0)
+
+
+def test_load_time_does_not_eat_into_the_busy_budget(rig_for: Callable[..., Rig]) -> None:
+    # Ten polls while the model loads, then the slot is busy with someone else's request.
+    rig = rig_for({CHAT: silence()}, slot=UNAVAILABLE)
+
+    def on_event(event: ChatEvent) -> None:
+        rig.events.append(event)
+        if len(rig.events) == 10:
+            rig.probe.states[REQ.slot] = BUSY
+
+    with pytest.raises(WaitTimeout):
+        rig.chat(on_event=on_event)
+
+    assert rig.events == [Waiting(False)] * 10 + [Waiting(True)] * 120
+    assert rig.clock.now() == pytest.approx(650.0)
+
+
+def test_the_answer_starting_while_busy_ends_the_wait(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(ANSWER, head_delay_s=12.0)}, slot=BUSY)
+
+    assert rig.chat() == COMPLETION
+
+    assert rig.events == [Waiting(True), Waiting(True), *ANSWER_EVENTS]
+    assert rig.clock.now() == pytest.approx(12.0)
+
+
+def test_never_answering_and_a_flapping_slot_still_end(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: Reply(head_delay_s=NEVER)}, slot=BUSY)
+    states = [BUSY, IDLE, UNAVAILABLE]
+
+    def on_event(event: ChatEvent) -> None:
+        rig.events.append(event)
+        rig.probe.states[REQ.slot] = states[len(rig.events) % 3]
+
+    with pytest.raises(Stalled):
+        rig.chat(on_event=on_event)
+
+    # Polls cycle busy, idle, unavailable: the sixth idle poll (the 17th overall, at 85 s) uses up
+    # the 30 s grace, while 30 s of busy and 25 s of unavailable time are far from their limits.
+    assert rig.events == [Waiting(True), Waiting(False), Waiting(False)] * 5 + [Waiting(True), Waiting(False)]
+    assert rig.clock.now() == pytest.approx(85.0)
+
+
+# -- liveness ---------------------------------------------------------------------------------------
+
+
+def test_silence_after_the_first_event_stalls_after_exactly_liveness_ms(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(ANSWER[:1], head_delay_s=2.0, delay_s=1.0, done=False, end=End.SILENCE)})
+
+    with pytest.raises(Stalled, match=r"no data for 30000 ms \(liveness limit 30000 ms\)"):
+        rig.chat()
+
+    assert rig.events == [Content("Hi")]
+    assert rig.clock.now() == pytest.approx(2.0 + 1.0 + 30.0)
+    assert rig.probe.asked == [], "no poll once the head arrived"
+
+
+def test_keep_alive_comments_move_no_deadline(rig_for: Callable[..., Rig]) -> None:
+    pings = [b":\n\n"] * 20
+    rig = rig_for({CHAT: sse_reply([ANSWER[0], *pings], delay_s=7.0, done=False, end=End.SILENCE)})
+
+    with pytest.raises(Stalled):
+        rig.chat()
+
+    # The chunk at 7 s, pings at 14, 21, 28 and 35 s: the 37 s deadline falls between two pings.
+    assert rig.events == [Content("Hi")]
+    assert rig.clock.now() == pytest.approx(37.0)
+
+
+def test_a_long_prompt_reporting_progress_has_no_total_deadline(rig_for: Callable[..., Rig]) -> None:
+    # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer.
+    batches = [chunk({"role": "assistant", "content": None}, progress=(30_000, 0, 1000 * i)) for i in range(30)]
+    rig = rig_for({CHAT: sse_reply([*batches, *ANSWER], delay_s=20.0)})
+
+    completion = rig.chat()
+
+    assert completion == COMPLETION
+    assert rig.events == [*(Progress(30_000, 0, 1000 * i) for i in range(30)), *ANSWER_EVENTS]
+    assert rig.clock.now() == pytest.approx(20.0 * (30 + 3 + 1))
+
+
+# -- retries ----------------------------------------------------------------------------------------
+
+
+def test_connect_errors_are_retried_4_times_at_2_8_and_30_s(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: json_reply({})})
+    rig.transport.refusing = True
+
+    with pytest.raises(ConnectError):
+        rig.chat(retry=True)
+
+    assert [(e.attempt, e.after_ms) for e in rig.events if isinstance(e, Retrying)] == [
+        (2, 2000),
+        (3, 8000),
+        (4, 30_000),
+    ]
+    assert rig.clock.now() == pytest.approx(40.0)
+
+
+def test_jittered_waits_stay_within_a_quarter_of_each_delay(rig_for: Callable[..., Rig]) -> None:
+    for seed in range(30):
+        rig = rig_for({CHAT: json_reply({})}, rng=random.Random(seed))
+        rig.transport.refusing = True
+        with pytest.raises(ConnectError):
+            rig.chat(retry=True)
+        waits = [e.after_ms for e in rig.events if isinstance(e, Retrying)]
+        assert len(waits) == 3
+        for wait, delay in zip(waits, (2000, 8000, 30_000), strict=True):
+            assert 0.75 * delay <= wait <= 1.25 * delay
+        assert rig.clock.now() * 1000 == pytest.approx(sum(waits))
+
+
+def test_retries_stop_before_a_wait_that_would_pass_five_minutes(rig_for: Callable[..., Rig]) -> None:
+    # Each attempt waits out the 180 s load limit: 180 s, a 2 s wait, 180 s more. An 8 s wait
+    # would end at 370 s, past the 300 s budget, so the third attempt is never made.
+    rig = rig_for({CHAT: silence()}, slot=UNAVAILABLE)
+
+    with pytest.raises(LoadTimeout):
+        rig.chat(retry=True)
+
+    assert rig.events == [*[Waiting(False)] * 36, Retrying(2, 2000, rig.events[36].error), *[Waiting(False)] * 36]
+    retry = rig.events[36]
+    assert isinstance(retry, Retrying) and retry.error.startswith("LoadTimeout: slot 1 was unavailable")
+    assert rig.clock.now() == pytest.approx(362.0)
+    assert len(rig.transport.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("first", "retried"),
+    [
+        (error_reply(503, "Loading model", "unavailable_error"), True),
+        (sse_reply(ANSWER[:1], done=False, end=End.RESET), True),
+        (sse_reply(ANSWER[:1], done=False, end=End.CLOSE), True),
+        (error_reply(400, "exceeds the available context size", "exceed_context_size_error"), False),
+        (error_reply(500, "unknown reasoning_format"), False),
+        (sse_reply([{"choices": "not a list", "id": CID}]), False),
+    ],
+    ids=["503", "cut", "no-finish", "400", "500", "malformed"],
+)
+def test_what_is_retried(rig_for: Callable[..., Rig], first: Reply, retried: bool) -> None:
+    rig = rig_for({CHAT: [first, sse_reply(ANSWER)]})
+
+    if retried:
+        assert rig.chat(retry=True) == COMPLETION
+        first_body, second_body = (r.body for r in rig.transport.requests)
+        assert first_body == second_body == rig.client.render(REQ)
+        assert sum(isinstance(e, Retrying) for e in rig.events) == 1
+    else:
+        with pytest.raises((HttpError, ProtocolError)):
+            rig.chat(retry=True)
+        assert len(rig.transport.requests) == 1
+        assert not any(isinstance(e, Retrying) for e in rig.events)
+
+
+# -- thinking cap -----------------------------------------------------------------------------------
+
+
+def thinking(first: int, last: int, step: int = 1) -> list[dict[str, Any]]:
+    return [chunk({"reasoning_content": f"<{n}>"}, n=n) for n in range(first, last + 1, step)]
+
+
+def test_chunks_of_many_tokens_cap_where_the_count_passed_the_cap(rig_for: Callable[..., Rig]) -> None:
+    # 100 tokens per chunk: the cap of 4096 is passed at 4100; 256 more are allowed (to 4356).
+    stream = [*thinking(100, 4300, 100), chunk({"content": "ok"}, n=4301), chunk(finish="stop", n=4301)]
+    rig = rig_for({CHAT: sse_reply(stream), CONTROL: json_reply({"success": True})})
+
+    completion = rig.chat()
+
+    capped = rig.events.index(ThinkingCapped(4100))
+    assert rig.events[capped - 1] == Reasoning("<4100>")
+    assert rig.events[capped + 1 :] == [Reasoning("<4200>"), Reasoning("<4300>"), Content("ok")]
+    assert (completion.thinking_capped, completion.reasoning_tokens) == (True, 4300)
+    control = [r for r in rig.transport.requests if (r.method, r.path) == CONTROL]
+    assert [c.json() for c in control] == [{"id": CID, "action": "reasoning_end", "model": "default"}]
+
+
+def test_reasoning_past_cap_plus_overrun_closes_the_stream(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(thinking(100, 5000, 100)), CONTROL: json_reply({"success": True})})
+
+    with pytest.raises(ThinkingOverrun, match="went on to 4400 tokens after reasoning_end was posted at 4100"):
+        rig.chat(retry=True)
+
+    assert rig.events[-1] == Reasoning("<4400>")
+    assert rig.transport.requests[0].client_closed.is_set()
+    assert [r.path for r in rig.transport.requests] == ["/v1/chat/completions", "/v1/chat/completions/control"]
+
+
+def test_thinking_that_ends_before_the_cap_asks_nothing(rig_for: Callable[..., Rig]) -> None:
+    stream = [*thinking(1, 4095), chunk({"content": "ok"}, n=4096), chunk(finish="stop", n=4096)]
+    rig = rig_for({CHAT: sse_reply(stream)})
+
+    completion = rig.chat()
+
+    assert (completion.thinking_capped, completion.reasoning_tokens) == (False, 4095)
+    assert len(rig.transport.requests) == 1
+
+
+def test_a_control_call_that_fails_to_connect_is_thinking_overrun(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(thinking(1, 5000)), CONTROL: json_reply({"success": True})},
+                  limits={"thinking_cap": 10})
+
+    def on_event(event: ChatEvent) -> None:
+        rig.events.append(event)
+        if event == Reasoning("<10>"):
+            rig.transport.refusing = True  # the server went away just as the cap was reached
+
+    with pytest.raises(ThinkingOverrun, match="ConnectError"):
+        rig.chat(on_event=on_event)
+
+    assert rig.events[-1] == Reasoning("<10>")
+    assert rig.transport.requests[0].client_closed.is_set()
+
+
+# -- the rest of the contract -----------------------------------------------------------------------
+
+
+def test_an_event_sink_that_raises_closes_the_stream_and_frees_the_slot(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(ANSWER)})
+
+    def sink(event: ChatEvent) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        rig.chat(on_event=sink)
+
+    assert rig.transport.requests[0].client_closed.is_set()
+    assert rig.chat() == COMPLETION, "the slot gate was released"
+
+
+def test_every_exchange_is_closed_after_a_completion(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: sse_reply(ANSWER)})
+    rig.chat()
+    assert all(r.client_closed.is_set() for r in rig.transport.requests)
+
+
+def test_a_non_200_answer_keeps_at_most_error_body_bytes(rig_for: Callable[..., Rig]) -> None:
+    rig = rig_for({CHAT: error_reply(400, "x" * 10_000)}, limits={"error_body_bytes": 100})
+
+    with pytest.raises(HttpError) as caught:
+        rig.chat()
+
+    assert caught.value.status == 400
+    assert caught.value.body == ('{"error":{"code":400,"message":"' + "x" * 100)[:100]
+
+
+def test_info_calls_return_typed_results(rig_for: Callable[..., Rig]) -> None:
+    template = "{%- for message in messages %}{{ message.content }}{% endfor %}"
+    rig = rig_for({
+        ("GET", "/props"): json_reply({"chat_template": template, "total_slots": 2,
+                                       "default_generation_settings": {"n_ctx": 4096}}),
+        ("GET", "/slots"): json_reply([{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True}]),
+        ("POST", "/tokenize"): json_reply({"tokens": [{"id": 9707, "piece": "Hello"}]}),
+    })
+
+    assert rig.client.props() == Props(template, sha256(template.encode()).hex(), 2, 4096)
+    assert rig.client.slots() == [SlotInfo(0, False), SlotInfo(1, True)]
+    assert rig.client.tokenize("Hello") == [Token(9707, "Hello", b"Hello")]
