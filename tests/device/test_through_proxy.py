@@ -12,6 +12,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,6 +242,12 @@ def test_proxy_forwards_a_real_streamed_answer_byte_exactly(tools_server: llama.
     assert bytes(received) == bytes(upstream_bytes)
 
 
+def model_state(server: llama.LlamaServer, model: str) -> str:
+    _, models = server.get_json("/models")
+    states = {m["id"]: m["status"]["value"] for m in models["data"]}
+    return str(states[model])
+
+
 def test_router_reloads_an_unloaded_model_while_the_chat_waits(router_server: llama.LlamaServer) -> None:
     """The brief's upstream as it is: a router. After `/models/unload`, a chat through the proxy
     is held by the router while it loads the model again, and completes.
@@ -254,14 +261,15 @@ def test_router_reloads_an_unloaded_model_while_the_chat_waits(router_server: ll
         assert warm.timings.predicted_n > 0
         status, answer = router_server.post_json("/models/unload", {"model": model})
         assert (status, answer) == (200, {"success": True})
-        _, models = router_server.get_json("/models")
-        state = {m["id"]: m["status"]["value"] for m in models["data"]}
-        assert state[model] in ("unloaded", "unloading")
+        # The unload answers at once and completes in the background: wait until /models says so.
+        deadline = time.monotonic() + 60
+        while model_state(router_server, model) != "unloaded":
+            assert time.monotonic() < deadline, f"model still {model_state(router_server, model)} after 60 s"
+            time.sleep(0.05)
         events: list[ChatEvent] = []
         completion = client.chat(ChatRequest(slot=0, messages=QUESTION), events.append)
         assert completion.content
         assert completion.content == warm.content  # temperature 0: the reloaded model answers alike
-        _, models = router_server.get_json("/models")
-        assert {m["id"]: m["status"]["value"] for m in models["data"]}[model] == "loaded"
+        assert model_state(router_server, model) == "loaded"
         # Any wait seen while the model loaded was reported as Waiting, never as an error.
         assert all(isinstance(e, Waiting | Progress | Content | Reasoning) for e in events)
