@@ -228,6 +228,10 @@ class Client:
             arrived = clock.now()
             if isinstance(data, TimedOut):
                 if liveness.expired(arrived):
+                    if assembler.finished:
+                        # The final chunk came and then only silence (no `[DONE]`, no close):
+                        # the answer is whole, so it is returned rather than lost to a stall.
+                        return assembler.result(thinking_capped=cap.capped)
                     raise liveness.error(arrived)
                 continue
             if not data:
