@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ class ProxyProcess:
 
     def __init__(self, upstream: str, socket_path: str | None = None) -> None:
         self.upstream = upstream
-        self.socket_path = socket_path or str(Path(tempfile.mkdtemp(prefix="inferproxy-")) / "infer.sock")
+        self._folder = None if socket_path else tempfile.mkdtemp(prefix="inferproxy-")
+        self.socket_path = socket_path or str(Path(self._folder or "") / "infer.sock")
         self.process: subprocess.Popen[str] | None = None
         self.start_line = ""
 
@@ -77,3 +79,5 @@ class ProxyProcess:
         self.stop()
         if Path(self.socket_path).is_socket():
             Path(self.socket_path).unlink()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
