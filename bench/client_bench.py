@@ -26,33 +26,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+from common import SRC, StackResult, Stream, data_events, fake_server, interleaved, recorded_stream, report, rounds_for
 
-from app.config import parse_config  # noqa: E402
-from app.container import Container  # noqa: E402
-from domain.completion import Completion  # noqa: E402
-from domain.events import ChatEvent  # noqa: E402
-from domain.messages import ChatRequest, SystemMessage, UserMessage  # noqa: E402
+sys.path.insert(0, str(SRC))
 
-TRANSCRIPTS = ROOT / "tests" / "fixtures" / "transcripts"
+from app.config import parse_config
+from app.container import Container
+from domain.completion import Completion
+from domain.events import ChatEvent
+from domain.messages import ChatRequest, SystemMessage, UserMessage
+
 CHAT_PATH = "/v1/chat/completions"
 MODEL = "test-model"
-READY_TIMEOUT_S = 10.0
 TIMEOUT_S = 10.0
 GOAL = 0.15
 REQUEST = ChatRequest(
@@ -60,13 +53,6 @@ REQUEST = ChatRequest(
     messages=(SystemMessage("You are a helpful assistant."), UserMessage("Write a long story.")),
     thinking=True,
 )
-
-
-@dataclass(frozen=True)
-class Stream:
-    source: str
-    raw: bytes
-    events: int
 
 
 @dataclass
@@ -80,41 +66,8 @@ class Message:
     predicted_n: int
 
 
-@dataclass
-class StackResult:
-    name: str
-    events: int
-    cpu_s: list[float] = field(default_factory=list)
-    wall_s: list[float] = field(default_factory=list)
-
-    @property
-    def cpu_us_per_chunk(self) -> float:
-        return statistics.median(self.cpu_s) / self.events * 1e6
-
-    @property
-    def wall_ms(self) -> float:
-        return statistics.median(self.wall_s) * 1e3
-
-
 # ---------------------------------------------------------------------------------------------
 # The stream
-
-
-def _data_events(raw: bytes) -> int:
-    return raw.count(b"data: ") - raw.count(b"data: [DONE]")
-
-
-def recorded_stream() -> Stream | None:
-    best: Stream | None = None
-    for raw_path in sorted(TRANSCRIPTS.glob("*/response.raw")):
-        raw = raw_path.read_bytes()
-        head, _, _ = raw.partition(b"\r\n\r\n")
-        if b"text/event-stream" not in head.lower() or not head.startswith(b"HTTP/1.1 200"):
-            continue
-        events = _data_events(raw)
-        if best is None or events > best.events:
-            best = Stream(str(raw_path.relative_to(ROOT)), raw, events)
-    return best
 
 
 def synthetic_stream(events: int = 604) -> Stream:
@@ -176,35 +129,7 @@ def synthetic_stream(events: int = 604) -> Stream:
     )
     body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
     raw = head + body
-    return Stream(f"synthetic ({events} events)", raw, _data_events(raw))
-
-
-# ---------------------------------------------------------------------------------------------
-# The server: the fake server's command line, in its own process so it never shares our GIL
-
-
-@contextmanager
-def fake_server(raw: bytes) -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="client-bench-") as folder:
-        raw_path = os.path.join(folder, "response.raw")
-        with open(raw_path, "wb") as handle:
-            handle.write(raw)
-        socket_path = os.path.join(folder, "llama.sock")
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        # One piece per 64 KiB: the bench measures the client, not the server's pacing.
-        command = [sys.executable, "-m", "adapters.fake_server", "--socket", socket_path,
-                   "--transcript", raw_path, "--piece-bytes", "65536"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
-        try:
-            assert process.stdout is not None
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            line = process.stdout.readline()
-            if not line.startswith("serving") or time.monotonic() > deadline:
-                raise RuntimeError(f"fake server did not start: {line!r}")
-            yield socket_path
-        finally:
-            process.terminate()
-            process.wait(10)
+    return Stream(f"synthetic ({events} events)", raw, data_events(raw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,18 +242,8 @@ def httpx_stack(socket_path: str) -> Callable[[], Message]:
 
 
 def measure(stream: Stream, stacks: dict[str, Callable[[], Message]], rounds: int, warmup: int) -> list[StackResult]:
-    results = {name: StackResult(name, stream.events) for name in stacks}
-    for index in range(warmup + rounds):
-        for name, read_stream in stacks.items():
-            wall = time.perf_counter()
-            cpu = time.thread_time()
-            read_stream()
-            cpu = time.thread_time() - cpu
-            wall = time.perf_counter() - wall
-            if index >= warmup:
-                results[name].cpu_s.append(cpu)
-                results[name].wall_s.append(wall)
-    return list(results.values())
+    timed = interleaved(stacks, rounds, warmup)
+    return [StackResult(name, stream.events, t.wall_s, t.cpu_s) for name, t in timed.items()]
 
 
 def check_same_message(stacks: dict[str, Callable[[], Message]]) -> None:
@@ -338,8 +253,8 @@ def check_same_message(stacks: dict[str, Callable[[], Message]]) -> None:
 
 
 def bench_stream(stream: Stream, quick: bool) -> list[tuple[str, str]]:
-    rounds, warmup = (10, 2) if quick else (40, 5)
-    with fake_server(stream.raw) as socket_path:
+    rounds, warmup = rounds_for(quick)
+    with fake_server(stream.raw, prefix="client-bench-") as socket_path:
         stacks = {
             "client": client_stack(socket_path),
             "openai": openai_stack(socket_path),
@@ -353,7 +268,7 @@ def bench_stream(stream: Stream, quick: bool) -> list[tuple[str, str]]:
 def run(quick: bool = False, transcript: str | None = None) -> list[tuple[str, str]]:
     if transcript is not None:
         raw = Path(transcript).read_bytes()
-        streams = [Stream(transcript, raw, _data_events(raw))]
+        streams = [Stream(transcript, raw, data_events(raw))]
     else:
         recorded = recorded_stream()
         streams = [*([recorded] if recorded else []), synthetic_stream()]
@@ -373,22 +288,16 @@ def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
     tag = f"client [{stream.events} events]"
     out = [(f"{tag}: stream", f"{stream.source}, {per_event:.0f} bytes/event")]
     for r in results:
-        value = f"{r.cpu_us_per_chunk:.2f} µs ({r.wall_ms:.1f} ms/stream)"
+        value = f"{r.cpu_us_per_event:.2f} µs ({r.wall_ms:.1f} ms/stream)"
         out.append((f"{tag}: {LABELS[r.name]} CPU per chunk", value))
-    ratio = by_name["client"].cpu_us_per_chunk / by_name["openai"].cpu_us_per_chunk
+    ratio = by_name["client"].cpu_us_per_event / by_name["openai"].cpu_us_per_event
     verdict = "met" if ratio <= GOAL else "MISSED"
     out.append((f"{tag}: CPU per chunk, client / openai-python (goal <= {GOAL})", f"{ratio:.3f}x ({verdict})"))
     out.append((
         f"{tag}: CPU per chunk, client / bare httpx + httpx-sse",
-        f"{by_name['client'].cpu_us_per_chunk / by_name['httpx'].cpu_us_per_chunk:.2f}x",
+        f"{by_name['client'].cpu_us_per_event / by_name['httpx'].cpu_us_per_event:.2f}x",
     ))
     return out
-
-
-def print_table(table: list[tuple[str, str]]) -> None:
-    width = max(len(name) for name, _ in table)
-    for name, value in table:
-        print(f"{name:<{width}}  {value}")
 
 
 def main() -> None:
@@ -396,9 +305,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 40")
     parser.add_argument("--transcript", help="measure this response.raw only")
     args = parser.parse_args()
-    started = time.monotonic()
-    print_table(run(quick=args.quick, transcript=args.transcript))
-    print(f"(took {time.monotonic() - started:.1f} s)")
+    report(lambda: run(quick=args.quick, transcript=args.transcript))
 
 
 if __name__ == "__main__":

@@ -20,71 +20,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import orjson
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+from common import SRC, StackResult, Stream, fake_server, interleaved, recorded_stream, report, rounds_for
 
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk  # noqa: E402
-from adapters.uds_http.transport import UdsTransport  # noqa: E402
-from ports.transport import TIMED_OUT  # noqa: E402
+sys.path.insert(0, str(SRC))
 
-TRANSCRIPTS = ROOT / "tests" / "fixtures" / "transcripts"
+from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
+from adapters.uds_http.transport import UdsTransport
+from ports.transport import TIMED_OUT
+
 CHAT_PATH = "/v1/chat/completions"
 REQUEST = b'{"model":"test-model","stream":true,"messages":[{"role":"user","content":"hi"}]}'
-READY_TIMEOUT_S = 10.0
 TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Stream:
-    source: str
-    raw: bytes
-    events: int
-
-
-@dataclass(frozen=True)
-class StackResult:
-    name: str
-    events: int
-    wall_s: float  # median per round
-    cpu_s: float  # median per round
-
-    @property
-    def events_per_s(self) -> float:
-        return self.events / self.wall_s
-
-    @property
-    def cpu_us_per_event(self) -> float:
-        return self.cpu_s / self.events * 1e6
 
 
 # ---------------------------------------------------------------------------------------------
 # The stream
-
-
-def recorded_stream() -> Stream | None:
-    best: Stream | None = None
-    for raw_path in sorted(TRANSCRIPTS.glob("*/response.raw")):
-        raw = raw_path.read_bytes()
-        head, _, _ = raw.partition(b"\r\n\r\n")
-        if b"text/event-stream" not in head.lower():
-            continue
-        events = raw.count(b"data: ") - raw.count(b"data: [DONE]")
-        if best is None or events > best.events:
-            best = Stream(str(raw_path.relative_to(ROOT)), raw, events)
-    return best
 
 
 def synthetic_stream(events: int = 604) -> Stream:
@@ -128,34 +83,6 @@ def synthetic_stream(events: int = 604) -> Stream:
     )
     body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
     return Stream(f"synthetic ({events} events)", head + body, events)
-
-
-# ---------------------------------------------------------------------------------------------
-# The server: the fake server's command line, in its own process so it never shares our GIL
-
-
-@contextmanager
-def fake_server(raw: bytes) -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="decode-bench-") as folder:
-        raw_path = os.path.join(folder, "response.raw")
-        with open(raw_path, "wb") as handle:
-            handle.write(raw)
-        socket_path = os.path.join(folder, "llama.sock")
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-        # One piece per 64 KiB: the bench measures decoding, not the server's pacing.
-        command = [sys.executable, "-m", "adapters.fake_server", "--socket", socket_path,
-                   "--transcript", raw_path, "--piece-bytes", "65536"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True)
-        try:
-            assert process.stdout is not None
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            line = process.stdout.readline()
-            if not line.startswith("serving") or time.monotonic() > deadline:
-                raise RuntimeError(f"fake server did not start: {line!r}")
-            yield socket_path
-        finally:
-            process.terminate()
-            process.wait(10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,32 +141,17 @@ def httpx_stack(socket_path: str) -> Callable[[], int]:
 
 
 def measure(stacks: dict[str, Callable[[], int]], rounds: int, warmup: int) -> list[StackResult]:
-    walls: dict[str, list[float]] = {name: [] for name in stacks}
-    cpus: dict[str, list[float]] = {name: [] for name in stacks}
-    counts: dict[str, int] = {}
-    for index in range(warmup + rounds):
-        for name, read_stream in stacks.items():
-            wall = time.perf_counter()
-            cpu = time.thread_time()
-            count = read_stream()
-            cpu = time.thread_time() - cpu
-            wall = time.perf_counter() - wall
-            if index >= warmup:
-                walls[name].append(wall)
-                cpus[name].append(cpu)
-            counts[name] = count
+    timed = interleaved(stacks, rounds, warmup)
+    counts = {name: t.last for name, t in timed.items()}
     if len(set(counts.values())) != 1:
         raise RuntimeError(f"the stacks saw different numbers of events: {counts}")
-    return [
-        StackResult(name, counts[name], statistics.median(walls[name]), statistics.median(cpus[name]))
-        for name in stacks
-    ]
+    return [StackResult(name, t.last or 0, t.wall_s, t.cpu_s) for name, t in timed.items()]
 
 
 def run(quick: bool = False, synthetic: bool = False) -> list[tuple[str, str]]:
     stream = (None if synthetic else recorded_stream()) or synthetic_stream()
-    rounds, warmup = (10, 2) if quick else (40, 5)
-    with fake_server(stream.raw) as socket_path:
+    rounds, warmup = rounds_for(quick)
+    with fake_server(stream.raw, prefix="decode-bench-") as socket_path:
         results = measure({"ours": ours(socket_path), "httpx": httpx_stack(socket_path)}, rounds, warmup)
     return rows(stream, results)
 
@@ -263,20 +175,12 @@ def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
     return out
 
 
-def print_table(table: list[tuple[str, str]]) -> None:
-    width = max(len(name) for name, _ in table)
-    for name, value in table:
-        print(f"{name:<{width}}  {value}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="10 rounds instead of 40")
     parser.add_argument("--synthetic", action="store_true", help="the synthetic 604-event stream, not a recording")
     args = parser.parse_args()
-    started = time.monotonic()
-    print_table(run(quick=args.quick, synthetic=args.synthetic))
-    print(f"(took {time.monotonic() - started:.1f} s)")
+    report(lambda: run(quick=args.quick, synthetic=args.synthetic))
 
 
 if __name__ == "__main__":

@@ -32,11 +32,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import READY_TIMEOUT_S, process, report
+
 MESSAGE_BYTES = 200
 LATENCY_WARMUP = 100
 BULK_PIECE = 1024 * 1024
-READY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -84,25 +84,6 @@ def serve_echo() -> None:
 
 
 @contextmanager
-def _process(argv: list[str], *, ready: Callable[[subprocess.Popen[str]], None]) -> Iterator[None]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        ready(proc)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
-@contextmanager
 def echo_server() -> Iterator[int]:
     port: list[int] = []
 
@@ -110,7 +91,7 @@ def echo_server() -> Iterator[int]:
         assert proc.stdout is not None
         port.append(int(proc.stdout.readline()))
 
-    with _process([sys.executable, str(Path(__file__).resolve()), "--echo"], ready=ready):
+    with process([sys.executable, str(Path(__file__).resolve()), "--echo"], ready=ready):
         yield port[0]
 
 
@@ -134,7 +115,7 @@ def _wait_for_socket(path: str, proc: subprocess.Popen[str]) -> None:
 def socat_forwarder(path: str, port: int) -> Iterator[None]:
     socat = ensure_socat()
     argv = [socat, f"UNIX-LISTEN:{path},fork", f"TCP:127.0.0.1:{port}"]
-    with _process(argv, ready=lambda proc: _wait_for_socket(path, proc)):
+    with process(argv, ready=lambda proc: _wait_for_socket(path, proc)):
         yield
 
 
@@ -161,7 +142,7 @@ def inferproxy(path: str, port: int) -> Iterator[None]:
         if "listening on" not in line:
             raise RuntimeError(f"inferproxy did not start: {line.strip()}")
 
-    with _process(argv, ready=ready):
+    with process(argv, ready=ready):
         yield
 
 
@@ -315,12 +296,6 @@ def rows(results: list[PathResult], total: int) -> list[tuple[str, str]]:
     return out
 
 
-def print_table(table: list[tuple[str, str]]) -> None:
-    width = max(len(name) for name, _ in table)
-    for name, value in table:
-        print(f"{name:<{width}}  {value}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer rounds and 16 MiB of bulk")
@@ -329,9 +304,7 @@ def main() -> None:
     if args.echo:
         serve_echo()
         return
-    started = time.monotonic()
-    print_table(run(quick=args.quick))
-    print(f"(took {time.monotonic() - started:.1f} s)")
+    report(lambda: run(quick=args.quick))
 
 
 if __name__ == "__main__":

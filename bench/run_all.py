@@ -10,6 +10,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from common import print_table  # noqa: E402
+
 SUITES = [
     ("proxy vs socat vs direct TCP", "proxy_bench"),
     ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
@@ -28,10 +30,8 @@ def main() -> int:
         suite_rows = module.run(quick=quick)
         rows.append((f"== {title}", f"({time.monotonic() - started:.0f} s)"))
         rows.extend(suite_rows)
-    width = max(len(name) for name, _ in rows)
     print()
-    for name, value in rows:
-        print(f"{name:<{width}}  {value}")
+    print_table(rows)
     return 0
 
 

@@ -8,6 +8,7 @@
     case.body            # the response body, de-chunked
     case.events()        # the decoded ``data:`` payloads of a stream, up to ``[DONE]``
     case.nonstream       # the server's own answer to the same request with ``stream: false``
+    request_from(case.inputs)   # those inputs as the typed request and settings the builder takes
 
 Fixture layout and the meaning of each file are in ``tests/fixtures/transcripts/README.md``.
 The de-chunking here is deliberately small and strict (it is a test oracle, not the client's
@@ -18,12 +19,28 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from domain.messages import (
+    AssistantMessage,
+    ChatMessage,
+    ChatRequest,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    ToolSchema,
+    UserMessage,
+)
+from domain.request import RequestSettings
+
 TRANSCRIPTS = Path(__file__).resolve().parent / "fixtures" / "transcripts"
+MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
 
 
 @dataclass(frozen=True)
@@ -193,3 +210,53 @@ def load_case(name: str) -> Case:
         nonstream_bytes=files.get("nonstream.json"),
         files=files,
     )
+
+
+def case_params(keep: Callable[[Case], bool], *, none_reason: str | None = None) -> list[Any]:
+    """For `pytest.mark.parametrize`: the names of the recorded cases that `keep` accepts. With no
+    recordings, one skipped placeholder that says so; with `none_reason`, one too when `keep`
+    accepts none of them."""
+    if not (TRANSCRIPTS / "index.json").exists():
+        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
+    names = [name for name in case_names() if keep(load_case(name))]
+    if not names and none_reason is not None:
+        return [pytest.param(None, marks=pytest.mark.skip(reason=none_reason), id="none")]
+    return names
+
+
+def message_from(data: dict[str, Any]) -> ChatMessage:
+    """One message of ``inputs.json`` (OpenAI form) as its domain type."""
+    role = data["role"]
+    if role == "system":
+        return SystemMessage(data["content"])
+    if role == "user":
+        return UserMessage(data["content"])
+    if role == "tool":
+        return ToolMessage(data["tool_call_id"], data["content"])
+    calls = [
+        ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"])
+        for call in data.get("tool_calls") or []
+    ]
+    return AssistantMessage(data.get("content"), data.get("reasoning_content"), calls)
+
+
+def request_from(inputs: dict[str, Any]) -> tuple[ChatRequest, RequestSettings]:
+    """A case's ``inputs.json`` as what ``build_chat_body`` takes: the request and its settings."""
+    req = ChatRequest(
+        slot=inputs["slot"],
+        messages=[message_from(m) for m in inputs["messages"]],
+        tools=[ToolSchema(t["name"], t["description"], t["parameters"]) for t in inputs["tools"]],
+        thinking=inputs["thinking"],
+        tool_choice=inputs["tool_choice"],
+    )
+    sampling = inputs["sampling"]
+    settings = RequestSettings(
+        model=inputs["model"],
+        max_tokens=inputs["max_tokens"],
+        temperature=sampling.get("temperature"),
+        top_p=sampling.get("top_p"),
+        top_k=sampling.get("top_k"),
+        min_p=sampling.get("min_p"),
+        seed=sampling.get("seed"),
+    )
+    return req, settings

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from adapters.fake_server import End, FakeServer, sse_reply
@@ -24,12 +22,6 @@ REQ = ChatRequest(slot=0, messages=[UserMessage("Hi")])
 def chunk(delta: dict[str, object], finish: str | None = None, n: int = 1) -> dict[str, object]:
     return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], "id": CID,
             "object": "chat.completion.chunk", "timings": {"cache_n": 0, "prompt_n": 3, "predicted_n": n}}
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as srv:
-        yield srv
 
 
 def client_for(server: FakeServer) -> Client:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,12 +50,6 @@ def client_for(socket_path: str, **limits: int) -> Client:
     config = parse_config({"socket": socket_path, "limits": {**LIMITS, **limits}})
     client: Client = Container(config=config).client()
     return client
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as srv:
-        yield srv
 
 
 def recorded(name: str) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -34,8 +34,25 @@ from adapters.fake_server import (
     sse_reply,
 )
 from app.client import Client
-from app.config import Config, parse_config
+from app.config import parse_config
 from app.container import Container
+from client_support import (
+    ANSWER,
+    ANSWER_COMPLETION,
+    ANSWER_EVENTS,
+    CHAT,
+    CID,
+    CONTROL,
+    EXPECT,
+    PROPS,
+    REQ,
+    ROLE,
+    SLOTS,
+    chunk,
+    client_for,
+    config_for,
+    recorded,
+)
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
     Busy,
@@ -48,81 +65,12 @@ from domain.errors import (
     WaitTimeout,
 )
 from domain.events import ChatEvent, Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, ToolCallDelta
-from domain.messages import (
-    AssistantMessage,
-    ChatMessage,
-    ChatRequest,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-    ToolSchema,
-    UserMessage,
-)
+from domain.messages import ChatRequest, ToolCall, ToolSchema
 from domain.request import RequestError
-from transcripts import TRANSCRIPTS, Case, case_names, load_case
+from transcripts import MISSING, TRANSCRIPTS, Case, case_names, case_params, load_case, request_from
 
 pytestmark = pytest.mark.timeout(10)
 
-CHAT = ("POST", "/v1/chat/completions")
-CONTROL = ("POST", "/v1/chat/completions/control")
-SLOTS = ("GET", "/slots")
-PROPS = ("GET", "/props")
-CID = "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y"
-REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"),))
-EXPECT = {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2}
-LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_ms": 150, "liveness_ms": 100}
-RETRY = {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000}
-
-
-def config_for(socket_path: str, *, expect: bool = True, retry: dict[str, Any] | None = None,
-               **limits: int) -> Config:
-    data: dict[str, Any] = {"socket": socket_path, "limits": {**LIMITS, **limits}, "retry": {**RETRY, **(retry or {})}}
-    if expect:
-        data["expect"] = EXPECT
-    return parse_config(data)
-
-
-def client_for(server: FakeServer, **options: Any) -> Client:
-    client: Client = Container(config=config_for(server.socket_path, **options)).client()
-    return client
-
-
-def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
-          progress: tuple[int, int, int] | None = None, cid: str = CID) -> dict[str, Any]:
-    """A llama-server chunk: `n` is `timings.predicted_n`, `progress` is (total, cache, processed)."""
-    out: dict[str, Any] = {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
-        "created": 1796010845,
-        "id": cid,
-        "model": "test-model",
-        "object": "chat.completion.chunk",
-    }
-    if n is not None:
-        out["timings"] = {"cache_n": 0, "prompt_n": 42, "prompt_ms": 124.4, "predicted_n": n, "predicted_ms": 7.3 * n}
-    if progress is not None:
-        total, cache, processed = progress
-        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
-    return out
-
-
-ROLE = {"role": "assistant", "content": None}
-ANSWER = [
-    chunk(ROLE, n=0, progress=(42, 0, 42)),
-    chunk({"content": "Paris"}, n=1),
-    chunk({"content": "."}, n=2),
-    chunk(finish="stop", n=2),
-]
-ANSWER_EVENTS: list[ChatEvent] = [Progress(42, 0, 42), Content("Paris"), Content(".")]
-ANSWER_COMPLETION = Completion(
-    id=CID,
-    content="Paris.",
-    reasoning_content=None,
-    tool_calls=(),
-    finish_reason=FinishReason.STOP,
-    timings=Timings(0, 42, 2),
-    reasoning_tokens=0,
-    thinking_capped=False,
-)
 TOO_LONG = error_reply(
     400,
     "request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it",
@@ -132,16 +80,6 @@ TOO_LONG_BODY = (
     '{"error":{"code":400,"message":"request (5000 tokens) exceeds the available context size (4096 tokens), '
     'try increasing it","type":"exceed_context_size_error"}}'
 )
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as srv:
-        yield srv
-
-
-def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest]:
-    return [r for r in server.requests if (r.method, r.path) == route]
 
 
 # -- HTTP errors and retries ----------------------------------------------------------------------
@@ -665,32 +603,13 @@ def test_a_streamed_tool_call_assembles_into_the_completion(server: FakeServer) 
     )
 
 
-MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
+def _replayable(case: Case) -> bool:
+    stream = case.status == 200 and "text/event-stream" in (case.response.header("Content-Type") or "")
+    twin = case.inputs is not None and case.nonstream is not None and "control_request.json" not in case.files
+    return stream and twin
 
 
-def _replay_cases() -> list[Any]:
-    if not (TRANSCRIPTS / "index.json").exists():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
-    names = []
-    for name in case_names():
-        case = load_case(name)
-        stream = case.status == 200 and "text/event-stream" in (case.response.header("Content-Type") or "")
-        twin = case.inputs is not None and case.nonstream is not None and "control_request.json" not in case.files
-        if stream and twin:
-            names.append(name)
-    return names or [pytest.param(None, marks=pytest.mark.skip(reason="no replayable stream"), id="none")]
-
-
-def _message(data: dict[str, Any]) -> ChatMessage:
-    role = data["role"]
-    if role == "system":
-        return SystemMessage(data["content"])
-    if role == "user":
-        return UserMessage(data["content"])
-    if role == "tool":
-        return ToolMessage(data["tool_call_id"], data["content"])
-    calls = [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in data.get("tool_calls") or []]
-    return AssistantMessage(data.get("content"), data.get("reasoning_content"), calls)
+REPLAY_CASES = case_params(_replayable, none_reason="no replayable stream")
 
 
 def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRequest]:
@@ -704,13 +623,7 @@ def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRe
         "sampling": inputs["sampling"],
         "expect": EXPECT,
     })
-    req = ChatRequest(
-        slot=inputs["slot"],
-        messages=[_message(m) for m in inputs["messages"]],
-        tools=[ToolSchema(t["name"], t["description"], t["parameters"]) for t in inputs["tools"]],
-        thinking=inputs["thinking"],
-        tool_choice=inputs["tool_choice"],
-    )
+    req, _ = request_from(inputs)
     client: Client = Container(config=config).client()
     return client, req
 
@@ -741,7 +654,7 @@ def _expected_completion(case: Case) -> Completion:
     )
 
 
-@pytest.mark.parametrize("name", _replay_cases())
+@pytest.mark.parametrize("name", REPLAY_CASES)
 @pytest.mark.parametrize("pieces", ["as recorded", "in 7-byte pieces"])
 def test_a_recorded_stream_replayed_completes_to_the_servers_non_stream_answer(name: str, pieces: str) -> None:
     case = load_case(name)

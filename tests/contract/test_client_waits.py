@@ -14,7 +14,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,80 +33,25 @@ from adapters.fake_server import (
     sse_reply,
 )
 from adapters.uds_http import UdsSlotProbe, UdsTransport
-from app.client import Client
-from app.config import Config, parse_config
 from app.container import Container
-from domain.completion import Completion, FinishReason, Timings
+from client_support import (
+    ANSWER,
+    ANSWER_COMPLETION,
+    ANSWER_EVENTS,
+    CHAT,
+    REQ,
+    ROLE,
+    SLOTS,
+    chunk,
+    client_for,
+    config_for,
+    recorded,
+)
+from domain.completion import FinishReason
 from domain.errors import HttpError, LoadTimeout, Stalled, StreamClosedEarly, WaitTimeout
 from domain.events import ChatEvent, Content, Progress, Reasoning, Waiting
-from domain.messages import ChatRequest, UserMessage
 
 pytestmark = pytest.mark.timeout(10)
-
-CHAT = ("POST", "/v1/chat/completions")
-SLOTS = ("GET", "/slots")
-CID = "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y"
-REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"),))
-LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_ms": 150, "liveness_ms": 100}
-
-
-def config_for(socket_path: str, **limits: int) -> Config:
-    return parse_config({
-        "socket": socket_path,
-        "limits": {**LIMITS, **limits},
-        "retry": {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000},
-        "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2},
-    })
-
-
-def client_for(server: FakeServer, **limits: int) -> Client:
-    client: Client = Container(config=config_for(server.socket_path, **limits)).client()
-    return client
-
-
-def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
-          progress: tuple[int, int, int] | None = None) -> dict[str, Any]:
-    """A llama-server chunk: `n` is `timings.predicted_n`, `progress` is (total, cache, processed)."""
-    out: dict[str, Any] = {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
-        "created": 1796010845,
-        "id": CID,
-        "model": "test-model",
-        "object": "chat.completion.chunk",
-    }
-    if n is not None:
-        out["timings"] = {"cache_n": 0, "prompt_n": 42, "prompt_ms": 124.4, "predicted_n": n, "predicted_ms": 7.3 * n}
-    if progress is not None:
-        total, cache, processed = progress
-        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
-    return out
-
-
-ROLE = {"role": "assistant", "content": None}
-ANSWER = [
-    chunk(ROLE, n=0, progress=(42, 0, 42)),
-    chunk({"content": "Paris"}, n=1),
-    chunk({"content": "."}, n=2),
-    chunk(finish="stop", n=2),
-]
-ANSWER_EVENTS: list[ChatEvent] = [Progress(42, 0, 42), Content("Paris"), Content(".")]
-ANSWER_COMPLETION = Completion(
-    id=CID,
-    content="Paris.",
-    reasoning_content=None,
-    tool_calls=(),
-    finish_reason=FinishReason.STOP,
-    timings=Timings(0, 42, 2),
-    reasoning_tokens=0,
-    thinking_capped=False,
-)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as srv:
-        yield srv
-
 
 def answer_after_polls(server: FakeServer, polls: int, slots: Script, answer: Script) -> None:
     """`/slots` answers `slots`; the chat's answer starts only once the client polled `polls`
@@ -133,14 +77,6 @@ def answer_after_polls(server: FakeServer, polls: int, slots: Script, answer: Sc
     server.route(*CHAT, chat_handler)
 
 
-def chat_requests(server: FakeServer) -> list[RecordedRequest]:
-    return [r for r in server.requests if (r.method, r.path) == CHAT]
-
-
-def slot_polls(server: FakeServer) -> list[RecordedRequest]:
-    return [r for r in server.requests if (r.method, r.path) == SLOTS]
-
-
 # -- before the first byte ------------------------------------------------------------------------
 
 
@@ -152,8 +88,8 @@ def test_busy_slot_emits_waiting_busy_per_poll_then_the_answer_completes(server:
 
     assert events == [Waiting(slot_busy=True), Waiting(slot_busy=True), *ANSWER_EVENTS]
     assert completion == ANSWER_COMPLETION
-    assert len(slot_polls(server)) == 2
-    assert len(chat_requests(server)) == 1
+    assert len(recorded(server, SLOTS)) == 2
+    assert len(recorded(server, CHAT)) == 1
 
 
 def test_slot_busy_past_busy_wait_is_wait_timeout_and_the_request_is_dropped(server: FakeServer) -> None:
@@ -168,7 +104,7 @@ def test_slot_busy_past_busy_wait_is_wait_timeout_and_the_request_is_dropped(ser
     # Polls at 100 and 200 ms: the second reaches the 150 ms budget.
     assert events == [Waiting(slot_busy=True)] * 2
     assert 0.15 <= time.monotonic() - started < 2.0
-    (request,) = chat_requests(server)
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0), "the queued request's connection is closed (it leaves the queue)"
 
 
@@ -202,7 +138,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tm
             refusing.close()
 
     assert events == [Waiting(slot_busy=False)] * 2
-    (request,) = chat_requests(server)
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
 
@@ -225,7 +161,7 @@ def test_idle_slot_and_no_byte_past_idle_grace_is_stalled(server: FakeServer) ->
         client_for(server).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=False)] * 2
-    (request,) = chat_requests(server)
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
 
@@ -263,8 +199,8 @@ def test_only_keep_alive_comments_past_liveness_is_stalled(server: FakeServer, f
     elapsed = time.monotonic() - started
     assert events == ([Progress(42, 0, 0)] if lead else [])
     assert 0.1 <= elapsed < 2.0
-    assert slot_polls(server) == [], "once the head arrived the slot is ours: no /slots poll"
-    (request,) = chat_requests(server)
+    assert recorded(server, SLOTS) == [], "once the head arrived the slot is ours: no /slots poll"
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
 
@@ -278,7 +214,7 @@ def test_silence_after_the_first_event_is_stalled(server: FakeServer) -> None:
 
     assert events == [Content("Par")]
     assert 0.1 <= time.monotonic() - started < 2.0
-    (request,) = chat_requests(server)
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
 

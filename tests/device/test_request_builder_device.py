@@ -22,64 +22,13 @@ import pytest
 from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
 from domain.completion import FinishReason
-from domain.messages import (
-    AssistantMessage,
-    ChatMessage,
-    ChatRequest,
-    SystemMessage,
-    ToolCall,
-    ToolMessage,
-    ToolSchema,
-    UserMessage,
-)
-from domain.request import RequestSettings, build_chat_body
-from transcripts import TRANSCRIPTS, case_names, index, load_case
+from domain.request import build_chat_body
+from transcripts import case_params, index, load_case, request_from
 
 pytestmark = pytest.mark.device
 
-MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
 CHAT_PATH = "/v1/chat/completions"
-
-
-def message_from(data: dict[str, Any]) -> ChatMessage:
-    role = data["role"]
-    if role == "system":
-        return SystemMessage(data["content"])
-    if role == "user":
-        return UserMessage(data["content"])
-    if role == "tool":
-        return ToolMessage(data["tool_call_id"], data["content"])
-    calls = [
-        ToolCall(call["id"], call["function"]["name"], call["function"]["arguments"])
-        for call in data.get("tool_calls") or []
-    ]
-    return AssistantMessage(data.get("content"), data.get("reasoning_content"), calls)
-
-
-def request_from(inputs: dict[str, Any]) -> tuple[ChatRequest, RequestSettings]:
-    req = ChatRequest(
-        slot=inputs["slot"],
-        messages=[message_from(m) for m in inputs["messages"]],
-        tools=[ToolSchema(t["name"], t["description"], t["parameters"]) for t in inputs["tools"]],
-        thinking=inputs["thinking"],
-        tool_choice=inputs["tool_choice"],
-    )
-    sampling = inputs["sampling"]
-    return req, RequestSettings(
-        model=inputs["model"],
-        max_tokens=inputs["max_tokens"],
-        temperature=sampling.get("temperature"),
-        top_p=sampling.get("top_p"),
-        top_k=sampling.get("top_k"),
-        min_p=sampling.get("min_p"),
-        seed=sampling.get("seed"),
-    )
-
-
-def _chat_cases() -> list[Any]:
-    if not (TRANSCRIPTS / "index.json").exists():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
-    return [name for name in case_names() if load_case(name).inputs is not None]
+CHAT_CASES = case_params(lambda case: case.inputs is not None)
 
 
 def _server_args(key: str, save_dir: Path) -> tuple[str, tuple[str, ...]]:
@@ -150,7 +99,7 @@ def assemble(body: bytes) -> Any:
     return assembler.result()
 
 
-@pytest.mark.parametrize("name", _chat_cases())
+@pytest.mark.parametrize("name", CHAT_CASES)
 def test_built_body_gets_the_recorded_answer(name: str, servers: Servers) -> None:
     case = load_case(name)
     assert case.inputs is not None

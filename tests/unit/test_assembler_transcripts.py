@@ -22,9 +22,7 @@ from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
 from domain.completion import Completion, FinishReason
 from domain.events import Content, Progress, Reasoning
-from transcripts import TRANSCRIPTS, Case, case_names, load_case
-
-MISSING = "no recorded transcripts: tests/fixtures/transcripts/index.json is missing (run `make transcripts`)"
+from transcripts import Case, case_params, load_case
 
 
 def _is_stream(case: Case) -> bool:
@@ -32,16 +30,7 @@ def _is_stream(case: Case) -> bool:
     return case.status == 200 and "text/event-stream" in content_type
 
 
-def _stream_cases() -> list[Any]:
-    if not (TRANSCRIPTS / "index.json").exists():
-        return [pytest.param(None, marks=pytest.mark.skip(reason=MISSING), id="no-transcripts")]
-    names = [name for name in case_names() if _is_stream(load_case(name))]
-    if not names:
-        return [pytest.param(None, marks=pytest.mark.skip(reason="no streamed case recorded"), id="none")]
-    return names
-
-
-STREAM_CASES = _stream_cases()
+STREAM_CASES = case_params(_is_stream, none_reason="no streamed case recorded")
 
 
 def assemble(body: bytes, cuts: list[int]) -> tuple[Completion, list[Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
@@ -29,6 +30,8 @@ from adapters.fake_server.script import RouteSpec
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from app.container import Container
+from client_support import CHAT, CONTROL, EXPECT
+from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
     ConnectError,
@@ -44,11 +47,10 @@ from domain.hashing import sha256
 from domain.messages import ChatRequest, UserMessage
 from ports import SlotState
 
-CHAT = ("POST", "/v1/chat/completions")
-CONTROL = ("POST", "/v1/chat/completions/control")
 CID = "chatcmpl-QpnBZIma3eb1YjckyWftUEjfTdO3ZOIS"
 REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
 BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)  # this stream has its own id and prompt
 
 
 class ZeroJitter:
@@ -78,7 +80,7 @@ def rig_for() -> Iterator[Callable[..., Rig]]:
               **sections: Any) -> Rig:
         config = parse_config({
             "socket": "/fake/llama.sock",
-            "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2},
+            "expect": EXPECT,
             **sections,
         })
         clock = FakeClock()
@@ -92,22 +94,6 @@ def rig_for() -> Iterator[Callable[..., Rig]]:
     yield build
     for container in containers:
         container.reset_override()
-
-
-def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
-          progress: tuple[int, int, int] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
-        "created": 1796010845,
-        "id": CID,
-        "model": "test-model",
-        "object": "chat.completion.chunk",
-    }
-    if n is not None:
-        out["timings"] = {"cache_n": 3, "prompt_n": 39, "predicted_n": n}
-    if progress is not None:
-        out["prompt_progress"] = {"total": progress[0], "cache": progress[1], "processed": progress[2], "time_ms": 1}
-    return out
 
 
 ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]

@@ -72,6 +72,14 @@ def callers() -> Iterator[list[Caller]]:
             c.finish()
 
 
+def holding(gate: SlotGate, running: list[Caller]) -> Caller:
+    """A caller that takes slot 0 and keeps it until finished; returned once it holds the slot."""
+    holder = Caller(gate, 0, "holder").start()
+    running.append(holder)
+    assert holder.entered.wait(JOIN_S)
+    return holder
+
+
 def test_free_slot_is_held_at_once_without_events() -> None:
     gate = SlotGate(8)
     events: list[ChatEvent] = []
@@ -119,9 +127,7 @@ def test_waiters_get_queued_on_entry_and_as_ahead_shrinks_in_fifo_order() -> Non
     gate = SlotGate(8)
     order: list[str] = []
     with callers() as running:
-        holder = Caller(gate, 0, "holder").start()
-        running.append(holder)
-        assert holder.entered.wait(JOIN_S)
+        holder = holding(gate, running)
         waiters: list[Caller] = []
         for i in range(3):
             c = Caller(gate, 0, f"w{i}").start()
@@ -191,9 +197,7 @@ def test_callback_raising_while_queued_removes_the_waiter() -> None:
         raise KeyboardInterrupt("caller gave up")
 
     with callers() as running:
-        holder = Caller(gate, 0, "holder").start()
-        running.append(holder)
-        assert holder.entered.wait(JOIN_S)
+        holding(gate, running)
         quitter = Caller(gate, 0, "quitter", on_event=refuse).start()
         quitter.thread.join(JOIN_S)
         assert isinstance(quitter.error, KeyboardInterrupt)
@@ -208,9 +212,7 @@ def test_waiter_behind_leaving_changes_nothing_for_those_ahead() -> None:
         raise RuntimeError("gave up")
 
     with callers() as running:
-        holder = Caller(gate, 0, "holder").start()
-        running.append(holder)
-        assert holder.entered.wait(JOIN_S)
+        holder = holding(gate, running)
         middle = Caller(gate, 0, "middle").start()
         running.append(middle)
         until(lambda: gate.waiting(0) == 1 and len(middle.events) == 1)
@@ -240,9 +242,7 @@ def test_waiter_ahead_leaving_is_announced_to_those_behind() -> None:
         raise RuntimeError("gave up")
 
     with callers() as running:
-        holder = Caller(gate, 0, "holder").start()
-        running.append(holder)
-        assert holder.entered.wait(JOIN_S)
+        holding(gate, running)
         quitter = Caller(gate, 0, "quitter", on_event=leave_when_told).start()
         assert first_event.wait(JOIN_S)
         behind = Caller(gate, 0, "behind").start()

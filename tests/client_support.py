@@ -1,0 +1,90 @@
+"""What the client tests share: the routes they script, a client configured with short limits,
+a llama-server stream chunk and the short answer most of them stream.
+
+    from client_support import ANSWER, CHAT, REQ, client_for   # with tests/ on sys.path
+
+The limits are between 50 and 200 ms, so a test waits a fraction of a second: polls every 100 ms,
+wait budgets of 150 ms, liveness 100 ms, retry waits of 50, 80 and 120 ms without jitter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.fake_server import FakeServer, RecordedRequest
+from app.client import Client
+from app.config import Config, parse_config
+from app.container import Container
+from domain.completion import Completion, FinishReason, Timings
+from domain.events import ChatEvent, Content, Progress
+from domain.messages import ChatRequest, UserMessage
+
+CHAT = ("POST", "/v1/chat/completions")
+CONTROL = ("POST", "/v1/chat/completions/control")
+SLOTS = ("GET", "/slots")
+PROPS = ("GET", "/props")
+CID = "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y"
+REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"),))
+EXPECT = {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2}
+LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_ms": 150, "liveness_ms": 100}
+RETRY = {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000}
+
+
+def config_for(socket_path: str, *, expect: bool = True, retry: dict[str, Any] | None = None,
+               **limits: int) -> Config:
+    """`LIMITS` and `RETRY` with the given changes; `expect=False` leaves the slot count to `/props`."""
+    data: dict[str, Any] = {"socket": socket_path, "limits": {**LIMITS, **limits}, "retry": {**RETRY, **(retry or {})}}
+    if expect:
+        data["expect"] = EXPECT
+    return parse_config(data)
+
+
+def client_for(server: FakeServer, **options: Any) -> Client:
+    client: Client = Container(config=config_for(server.socket_path, **options)).client()
+    return client
+
+
+def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest]:
+    """The requests the server received on `route`, in order."""
+    return [r for r in server.requests if (r.method, r.path) == route]
+
+
+def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
+          progress: tuple[int, int, int] | None = None, cid: str = CID, cache_n: int = 0,
+          prompt_n: int = 42) -> dict[str, Any]:
+    """A llama-server chunk: `n` is `timings.predicted_n`, `progress` is (total, cache, processed)."""
+    out: dict[str, Any] = {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
+        "created": 1796010845,
+        "id": cid,
+        "model": "test-model",
+        "object": "chat.completion.chunk",
+    }
+    if n is not None:
+        out["timings"] = {
+            "cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": 124.4, "predicted_n": n, "predicted_ms": 7.3 * n,
+        }
+    if progress is not None:
+        total, cache, processed = progress
+        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
+    return out
+
+
+ROLE = {"role": "assistant", "content": None}
+ANSWER = [
+    chunk(ROLE, n=0, progress=(42, 0, 42)),
+    chunk({"content": "Paris"}, n=1),
+    chunk({"content": "."}, n=2),
+    chunk(finish="stop", n=2),
+]
+ANSWER_EVENTS: list[ChatEvent] = [Progress(42, 0, 42), Content("Paris"), Content(".")]
+ANSWER_COMPLETION = Completion(
+    id=CID,
+    content="Paris.",
+    reasoning_content=None,
+    tool_calls=(),
+    finish_reason=FinishReason.STOP,
+    timings=Timings(0, 42, 2),
+    reasoning_tokens=0,
+    thinking_capped=False,
+)

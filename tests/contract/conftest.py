@@ -1,0 +1,16 @@
+"""Fixtures the contract tests share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from adapters.fake_server import FakeServer
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    """A fake server of its own for each test, stopped (and its threads joined) after it."""
+    with FakeServer() as srv:
+        yield srv
