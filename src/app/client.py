@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
+from app.config import Limits
 from domain.assembler import Assembler
 from domain.completion import Completion
 from domain.errors import HttpError, InferError, ProtocolError, Stalled, StreamClosedEarly
@@ -45,22 +46,6 @@ EventSink = Callable[[ChatEvent], None]
 
 CHAT_PATH = "/v1/chat/completions"
 CONTROL_PATH = "/v1/chat/completions/control"
-
-
-@dataclass(frozen=True, slots=True)
-class ClientLimits:
-    """The limits the client enforces, in milliseconds and bytes (from `Config.limits`)."""
-
-    poll_ms: int = 5000
-    busy_wait_ms: int = 600_000
-    load_wait_ms: int = 180_000
-    idle_grace_ms: int = 30_000
-    liveness_ms: int = 30_000
-    thinking_cap: int = 4096
-    thinking_overrun: int = 256
-    sse_line_bytes: int = 1 << 20
-    body_bytes: int = 4 << 20
-    error_body_bytes: int = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +91,7 @@ class Client:
         gate: SlotGate,
         retry_policy: RetryPolicy,
         request_settings: RequestSettings,
-        limits: ClientLimits,
+        limits: Limits,
         total_slots: int | None = None,
     ) -> None:
         self._transport = transport

@@ -13,7 +13,7 @@ from dependency_injector import containers, providers
 from adapters.system import SystemClock
 from adapters.uds_http.slot_probe import UdsSlotProbe
 from adapters.uds_http.transport import UdsTransport
-from app.client import Client, ClientLimits
+from app.client import Client
 from app.config import Config
 from domain.gate import SlotGate
 from domain.request import RequestSettings
@@ -33,22 +33,6 @@ def request_settings(config: Config) -> RequestSettings:
         top_k=s.top_k,
         min_p=s.min_p,
         seed=s.seed,
-    )
-
-
-def client_limits(config: Config) -> ClientLimits:
-    lim = config.limits
-    return ClientLimits(
-        poll_ms=lim.poll_ms,
-        busy_wait_ms=lim.busy_wait_ms,
-        load_wait_ms=lim.load_wait_ms,
-        idle_grace_ms=lim.idle_grace_ms,
-        liveness_ms=lim.liveness_ms,
-        thinking_cap=lim.thinking_cap,
-        thinking_overrun=lim.thinking_overrun,
-        sse_line_bytes=lim.sse_line_bytes,
-        body_bytes=lim.body_bytes,
-        error_body_bytes=lim.error_body_bytes,
     )
 
 
@@ -92,6 +76,6 @@ class Container(containers.DeclarativeContainer):
         gate=gate,
         retry_policy=providers.Callable(retry_policy, config, rng),
         request_settings=providers.Callable(request_settings, config),
-        limits=providers.Callable(client_limits, config),
+        limits=config.provided.limits,
         total_slots=providers.Callable(total_slots, config),
     )
