@@ -31,9 +31,9 @@ def round_trip(client: socket.socket, message: bytes) -> bytes:
     return got
 
 
-def closed_at_once(client: socket.socket) -> bool:
-    """True if the proxy closed this connection within 200 ms without a byte."""
-    client.settimeout(0.2)
+def closed_at_once(client: socket.socket, within: float = 0.2) -> bool:
+    """True if the proxy closed this connection within `within` seconds (200 ms) without a byte."""
+    client.settimeout(within)
     try:
         return client.recv(1) == b""
     except ConnectionResetError:
@@ -186,7 +186,9 @@ def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2
             try:
                 # Refusals first: while the first 8 are all still open, the proxy must refuse the
                 # rest whenever it gets to accepting them.
-                outcomes["refused"] += sum(closed_at_once(client) for client in clients[8:])
+                # The flood counts outcomes; promptness is the ninth-connection test's job, so a
+                # scheduling hiccup on a busy machine gets a generous bound here.
+                outcomes["refused"] += sum(closed_at_once(client, within=2.0) for client in clients[8:])
                 for client in clients[:4]:
                     if round_trip(client, b"E hello") == b"E hello":
                         outcomes["echoed"] += 1
