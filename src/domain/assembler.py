@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 from domain.completion import Completion, FinishReason, Timings
-from domain.errors import HttpError, InferError, ProtocolError, StreamClosedEarly
+from domain.errors import InferError, ProtocolError, StreamClosedEarly, stream_error
 from domain.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
 from domain.messages import ToolCall
 
@@ -62,13 +62,6 @@ def _int_field(data: dict[str, Any], key: str, where: str) -> int:
     if type(value) is not int:
         raise ProtocolError(f"{where}.{key} is {value!r}, not an integer")
     return value
-
-
-def _error_from(chunk: dict[str, Any]) -> HttpError:
-    error = chunk["error"]
-    code = error.get("code") if isinstance(error, dict) else None
-    status = code if type(code) is int and 100 <= code <= 599 else 500
-    return HttpError(status, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
 
 
 class Assembler:
@@ -119,7 +112,7 @@ class Assembler:
 
     def _feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
         if "error" in chunk:
-            raise _error_from(chunk)
+            raise stream_error(chunk, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
         if self.completion_id is None:
             cid = chunk.get("id")
             if type(cid) is str and cid:

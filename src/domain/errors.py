@@ -57,5 +57,17 @@ class HttpError(InferError):
         self.body = text
 
 
+def stream_error(obj: object, body: str) -> HttpError:
+    """The error a server sent inside a 200 stream: `{"error": {"code": N, ...}}`, or the older
+    flat `{"code": N, ...}` of an `error:` field. The status is its code when that is an HTTP
+    status, else 500; `body` is kept as sent."""
+    code = None
+    if isinstance(obj, dict):
+        inner = obj.get("error")
+        code = inner.get("code") if isinstance(inner, dict) else obj.get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 500
+    return HttpError(status, body)
+
+
 class ProtocolError(InferError):
     """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what."""

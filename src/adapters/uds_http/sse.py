@@ -28,7 +28,7 @@ from typing import Any, Final, TypeAlias
 
 import orjson
 
-from domain.errors import HttpError, InferError, ProtocolError
+from domain.errors import HttpError, InferError, ProtocolError, stream_error
 
 _BOM: Final = b"\xef\xbb\xbf"
 _DONE: Final = b"[DONE]"
@@ -254,22 +254,12 @@ def _text(raw: bytes, what: str) -> str:
         ) from exc
 
 
-def _status_of(obj: Any) -> int:
-    code = None
-    if isinstance(obj, dict):
-        inner = obj.get("error")
-        code = inner.get("code") if isinstance(inner, dict) else obj.get("code")
-    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
-        return code
-    return 500
-
-
 def _error_from_text(text: str) -> HttpError:
     try:
         obj = orjson.loads(text)
     except orjson.JSONDecodeError:
         obj = None
-    return HttpError(_status_of(obj), text)
+    return stream_error(obj, text)
 
 
 def parse_chunk(data: str) -> dict[str, Any]:
@@ -286,5 +276,5 @@ def parse_chunk(data: str) -> dict[str, Any]:
     if type(obj) is not dict:
         raise ProtocolError(f"SSE data is JSON but not an object: {data[:120]!r}")
     if "error" in obj:
-        raise HttpError(_status_of(obj), data)
+        raise stream_error(obj, data)
     return obj
