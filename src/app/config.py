@@ -49,6 +49,7 @@ class Limits(_Section):
     sse_line_bytes: PositiveInt = 1024 * 1024
     body_bytes: PositiveInt = 4 * 1024 * 1024
     error_body_bytes: PositiveInt = 4096
+    answer_bytes: PositiveInt = 16 * 1024 * 1024
     cache_loss_tokens: Annotated[StrictInt, Field(ge=0)] = 64
 
 
