@@ -1,17 +1,32 @@
 """`config.toml` into one frozen, typed `Config`.
 
 Unknown keys anywhere are errors, every limit has the brief's default in the unit its name says,
-and every bad input becomes one `ConfigError` whose message names the key path and what is
-wrong. The domain never sees this object: the container hands it plain values.
+and every bad input becomes one `ConfigError` whose message names the file, the key path and what
+is wrong. The domain never sees this object: the container hands it plain values.
+
+Invariants, so that a config that loads is one that can work:
+- Every value has an upper bound the layer that uses it accepts: waits fit socket timeouts and
+  thread waits, token counts fit llama-server's int32 fields, byte caps stay caps.
+- Floats are finite: `inf`/`nan` load from TOML but fail every request later.
+- Strings carry no NUL (C strings stop there: the socket path would be cut and the request go to
+  another socket), and `socket` fits an AF_UNIX address.
+- The file is read only if it is a regular file, at most `CONFIG_FILE_BYTES` of it, and opening it
+  never blocks (a FIFO with no writer would hang on open).
 """
 
 from __future__ import annotations
 
+import os
+import reprlib
+import stat
 import tomllib
+import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -23,45 +38,120 @@ from pydantic import (
     field_validator,
 )
 
-PositiveMs = Annotated[StrictInt, Field(gt=0)]
-PositiveInt = Annotated[StrictInt, Field(gt=0)]
+# Longest wait any `*_ms` key may ask for: 7 days. Far past any wait the brief gives (10 min),
+# and far inside what the waits accept: `threading` refuses a timeout past `threading.TIMEOUT_MAX`
+# (292 years on Linux, 49.7 days where it counts in 32-bit milliseconds), a socket wait reaches
+# poll() as int milliseconds (24.8 days at most), and milliseconds this size are exact as float
+# seconds. Near 2**63 the first call raised OverflowError instead.
+MAX_MS = 7 * 24 * 60 * 60 * 1000
+# llama-server reads token counts, slot ids, `top_k` and `n_ctx` into C `int32_t`; a bigger JSON
+# number is silently truncated there.
+INT32_MAX = 2**31 - 1
+# `seed` is a C `uint32_t` in llama-server; -1 (sent as is) becomes 0xFFFFFFFF, its "random seed".
+# Any other negative number would wrap to a different seed, and a bigger one be truncated.
+RANDOM_SEED = -1
+UINT32_MAX = 2**32 - 1
+# llama-server keeps `temperature` in a C `float`; a double past the float range arrives as inf.
+FLOAT32_MAX = 3.4028234663852886e38
+# Each byte cap is memory one request may hold; past 1 GiB a cap no longer protects anything.
+MAX_CAP_BYTES = 1 << 30
+# Each waiter is a caller thread blocked on one slot that serves one request at a time; a longer
+# queue is a flood that the gate should answer with Busy.
+MAX_QUEUE_PER_SLOT = 1024
+# Every attempt after the first needs its own entry in `delays_ms`; more than this is a typo.
+MAX_ATTEMPTS = 100
+# `sun_path` is 108 bytes on Linux, one of them the terminating NUL.
+SOCKET_PATH_BYTES = 107
+# A config file is a few hundred bytes; the cap keeps a wrong path (a log, an image) from being
+# read whole into memory.
+CONFIG_FILE_BYTES = 1 << 20
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and every bad key."""
 
 
+def _char_at(text: str, index: int) -> str:
+    return f"U+{ord(text[index]):04X} at character {index}"
+
+
+def _no_nul(text: str) -> str:
+    index = text.find("\x00")
+    if index >= 0:
+        raise ValueError(f"contains a NUL character (at character {index}); the value would be cut there")
+    return text
+
+
+def _utf8(text: str) -> str:
+    # TOML cannot hold a lone surrogate, but a mapping handed to `parse_config` can, and the JSON
+    # body that carries the value would then fail to encode on every request.
+    for index, char in enumerate(text):
+        if unicodedata.category(char) == "Cs":
+            raise ValueError(f"is not valid Unicode (lone surrogate {_char_at(text, index)})")
+    return text
+
+
+def _socket_path(path: str) -> str:
+    try:
+        encoded = os.fsencode(path)
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"cannot be encoded as a file name ({exc.reason})") from exc
+    if len(encoded) > SOCKET_PATH_BYTES:
+        raise ValueError(
+            f"is {len(encoded)} bytes long, but a Unix socket path holds at most {SOCKET_PATH_BYTES} bytes"
+        )
+    return path
+
+
+def _fits_c_float(value: float) -> float:
+    if value > FLOAT32_MAX:
+        raise ValueError(f"is past {FLOAT32_MAX:.7g}, the largest value of the C float llama-server keeps it in")
+    return value
+
+
+def _no_control(text: str) -> str:
+    # The model id is percent-encoded in `?model=` and escaped in JSON, so it would arrive intact,
+    # but no model is named with control characters: one here is a typo that routes nowhere.
+    for index, char in enumerate(text):
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(f"contains a control character ({_char_at(text, index)})")
+    return text
+
+
+Ms = Annotated[StrictInt, Field(gt=0, le=MAX_MS)]
+DelayMs = Annotated[StrictInt, Field(ge=0, le=MAX_MS)]
+Tokens = Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
+CapBytes = Annotated[StrictInt, Field(gt=0, le=MAX_CAP_BYTES)]
+Text = Annotated[StrictStr, AfterValidator(_no_nul), AfterValidator(_utf8)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Limits(_Section):
-    poll_ms: PositiveMs = 5000
-    busy_wait_ms: PositiveMs = 600_000
-    load_wait_ms: PositiveMs = 180_000
-    idle_grace_ms: PositiveMs = 30_000
-    liveness_ms: PositiveMs = 30_000
-    thinking_cap: PositiveInt = 4096
-    thinking_overrun: PositiveInt = 256
-    max_tokens: PositiveInt = 8192
-    queue_per_slot: Annotated[StrictInt, Field(ge=0)] = 8
-    header_bytes: PositiveInt = 16 * 1024
-    sse_line_bytes: PositiveInt = 1024 * 1024
-    body_bytes: PositiveInt = 4 * 1024 * 1024
-    error_body_bytes: PositiveInt = 4096
-    answer_bytes: PositiveInt = 16 * 1024 * 1024
-    cache_loss_tokens: Annotated[StrictInt, Field(ge=0)] = 64
+    poll_ms: Ms = 5000
+    busy_wait_ms: Ms = 600_000
+    load_wait_ms: Ms = 180_000
+    idle_grace_ms: Ms = 30_000
+    liveness_ms: Ms = 30_000
+    thinking_cap: Tokens = 4096
+    thinking_overrun: Tokens = 256
+    max_tokens: Tokens = 8192
+    queue_per_slot: Annotated[StrictInt, Field(ge=0, le=MAX_QUEUE_PER_SLOT)] = 8
+    header_bytes: CapBytes = 16 * 1024
+    sse_line_bytes: CapBytes = 1024 * 1024
+    body_bytes: CapBytes = 4 * 1024 * 1024
+    error_body_bytes: CapBytes = 4096
+    answer_bytes: CapBytes = 16 * 1024 * 1024
+    cache_loss_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 64
 
 
 class Retry(_Section):
-    attempts: PositiveInt = 4
-    delays_ms: Annotated[tuple[Annotated[StrictInt, Field(ge=0)], ...], Field(validate_default=True)] = (
-        2000,
-        8000,
-        30_000,
-    )
+    attempts: Annotated[StrictInt, Field(gt=0, le=MAX_ATTEMPTS)] = 4
+    delays_ms: Annotated[tuple[DelayMs, ...], Field(validate_default=True)] = (2000, 8000, 30_000)
     jitter: Annotated[StrictFloat, Field(ge=0.0, lt=1.0)] = 0.25
-    total_ms: PositiveMs = 300_000
+    total_ms: Ms = 300_000
 
     @field_validator("delays_ms")
     @classmethod
@@ -76,31 +166,38 @@ class Retry(_Section):
 
 
 class Sampling(_Section):
-    temperature: Annotated[StrictFloat, Field(ge=0.0)] = 0.6
+    temperature: Annotated[StrictFloat, Field(ge=0.0), AfterValidator(_fits_c_float)] = 0.6
     top_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.95
-    top_k: Annotated[StrictInt, Field(ge=0)] = 20
+    top_k: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 20
     min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.0
-    seed: StrictInt = -1
+    seed: Annotated[StrictInt, Field(ge=RANDOM_SEED, le=UINT32_MAX)] = RANDOM_SEED
 
 
 class Expect(_Section):
     chat_template_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
-    n_ctx: PositiveInt
-    total_slots: PositiveInt
+    n_ctx: Tokens
+    total_slots: Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
 
 
 class SelfTest(_Section):
-    tool_prefill: StrictStr = ""
+    tool_prefill: Text = ""
 
 
 class Config(_Section):
-    socket: Annotated[StrictStr, Field(min_length=1)]
-    model: Annotated[StrictStr, Field(min_length=1)] = "default"
+    socket: Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_nul), AfterValidator(_socket_path)]
+    model: Annotated[Text, Field(min_length=1), AfterValidator(_no_control)] = "default"
     limits: Limits = Limits()
     retry: Retry = Retry()
     sampling: Sampling = Sampling()
     expect: Expect | None = None
     selftest: SelfTest = SelfTest()
+
+
+# Bad values are quoted in messages; a huge or deeply nested one is shortened, never walked whole.
+_quote = reprlib.Repr()
+_quote.maxstring = 120
+_quote.maxother = 120
+_quote.maxlevel = 3
 
 
 def _describe(error: Any) -> str:
@@ -112,35 +209,88 @@ def _describe(error: Any) -> str:
         return f"{path}: required key is missing"
     message = str(error["msg"]).removeprefix("Value error, ")
     if "input" in error and kind not in ("model_type", "dict_type"):
-        return f"{path}: {message} (got {error['input']!r})"
+        return f"{path}: {message} (got {_quote.repr(error['input'])})"
     return f"{path}: {message}"
 
 
-def parse_config(data: dict[str, Any], source: str = "config") -> Config:
+def parse_config(data: Mapping[str, Any], source: str = "config") -> Config:
     """Validate an already-parsed mapping; raises `ConfigError` naming every bad key."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the config must be a table of keys, not {type(data).__name__}")
     try:
-        return Config.model_validate(data)
+        return Config.model_validate(dict(data))
     except ValidationError as exc:
         lines = "; ".join(_describe(e) for e in exc.errors())
         raise ConfigError(f"{source}: {lines}") from exc
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+
+def _check_regular(path: Path, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(f"{path}: is {_file_kind(info.st_mode)}, not a regular file")
+    if info.st_size > CONFIG_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: config file is {info.st_size} bytes, over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)"
+        )
+
+
+def _read_file(path: Path) -> bytes:
+    # The stat refuses a device or a pipe before anything opens it (opening some devices acts);
+    # the fstat of what was opened covers a path swapped in between; O_NONBLOCK keeps that open
+    # from waiting for a FIFO's writer.
+    _check_regular(path, os.stat(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        _check_regular(path, os.fstat(fd))
+        chunks: list[bytes] = []
+        left = CONFIG_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > CONFIG_FILE_BYTES:
+        raise ConfigError(f"{path}: config file is over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)")
+    return data
 
 
 def load_config(path: str | Path) -> Config:
     """Read a TOML file into a `Config`; raises `ConfigError` with a message naming the problem."""
     path = Path(path)
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        raw = _read_file(path)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: config file not found") from exc
-    except IsADirectoryError as exc:
-        raise ConfigError(f"{path}: is a directory, not a config file") from exc
     except PermissionError as exc:
         raise ConfigError(f"{path}: config file is not readable (permission denied)") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except ConfigError:
+        raise
+    except ValueError as exc:  # a NUL in the path itself, quoted so that the message shows it
+        raise ConfigError(f"{str(path)!r}: cannot read config file: {exc}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: not UTF-8 ({exc.reason})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: invalid TOML: arrays or tables nested too deeply") from exc
+    except ValueError as exc:  # the parser's own limits, such as an integer of thousands of digits
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     return parse_config(data, str(path))

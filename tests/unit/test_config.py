@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,12 @@ def test_expect_section_loads_when_present(tmp_path: Path) -> None:
         ('socket = "s"\nsockett = "x"\n', "sockett: unknown key"),
         ('socket = "s"\n[limitz]\npoll_ms = 5\n', "limitz: unknown key"),
         ('socket = "s"\n[retry]\nbackoff = 1\n', "retry.backoff: unknown key"),
-        ('socket = "s"\n[expect]\nn_ctx = 1\ntotal_slots = 1\nchat_template_sha256 = "' + "0" * 64
-         + '"\nextra = 1\n', "expect.extra: unknown key"),
+        (
+            'socket = "s"\n[expect]\nn_ctx = 1\ntotal_slots = 1\nchat_template_sha256 = "'
+            + "0" * 64
+            + '"\nextra = 1\n',
+            "expect.extra: unknown key",
+        ),
         ('socket = "s"\n[limits]\npoll_ms = "5000"\n', "limits.poll_ms: Input should be a valid integer"),
         ('socket = "s"\n[limits]\npoll_ms = 50.5\n', "limits.poll_ms: Input should be a valid integer"),
         ('socket = "s"\n[limits]\nliveness_ms = 0\n', "limits.liveness_ms: Input should be greater than 0"),
@@ -81,8 +86,10 @@ def test_expect_section_loads_when_present(tmp_path: Path) -> None:
         ('model = "m"\n', "socket: required key is missing"),
         ('socket = ""\n', "socket: String should have at least 1 character"),
         ('socket = "s"\n[expect]\nn_ctx = 4096\n', "expect.chat_template_sha256: required key is missing"),
-        ('socket = "s"\n[expect]\nchat_template_sha256 = "xyz"\nn_ctx = 1\ntotal_slots = 1\n',
-         "expect.chat_template_sha256: String should match pattern"),
+        (
+            'socket = "s"\n[expect]\nchat_template_sha256 = "xyz"\nn_ctx = 1\ntotal_slots = 1\n',
+            "expect.chat_template_sha256: String should match pattern",
+        ),
         ('socket = "s"\n[sampling]\ntop_p = 2.0\n', "sampling.top_p: Input should be less than or equal to 1"),
         ('socket = "s"\nlimits = 5\n', "limits: Input should be a valid dictionary"),
     ],
@@ -119,10 +126,10 @@ def test_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     # Root reads any file whatever its mode, so the refusal is played by the file system call.
     path = write(tmp_path, 'socket = "s"\n')
 
-    def refuse(self: Path, *args: object, **kwargs: object) -> None:
-        raise PermissionError(13, "Permission denied", str(self))
+    def refuse(name: object, *args: object, **kwargs: object) -> int:
+        raise PermissionError(13, "Permission denied", str(name))
 
-    monkeypatch.setattr(Path, "open", refuse)
+    monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(ConfigError, match="not readable"):
         load_config(path)
 
