@@ -21,20 +21,32 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-from urllib.parse import quote
+
+import orjson
 
 from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from app.config import Limits
 from domain.assembler import Assembler
 from domain.completion import Completion
-from domain.errors import HttpError, InferError, ProtocolError, Stalled, StreamClosedEarly
+from domain.errors import HttpError, InferError, ProtocolError, RequestError, Stalled
 from domain.events import ChatEvent, Retrying, ThinkingCapped
 from domain.gate import SlotGate
-from domain.hashing import sha256
+from domain.llama_api import (
+    CHAT_PATH,
+    CONTROL_PATH,
+    PROPS_PATH,
+    SLOTS_PATH,
+    TOKENIZE_PATH,
+    Props,
+    SlotInfo,
+    Token,
+    control_refusal,
+    parse_props,
+    parse_slots,
+    parse_tokens,
+    with_model,
+)
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, build_control_body
 from domain.retry import RetryPolicy
@@ -44,39 +56,7 @@ from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
 
 EventSink = Callable[[ChatEvent], None]
 
-CHAT_PATH = "/v1/chat/completions"
-CONTROL_PATH = "/v1/chat/completions/control"
-
-
-@dataclass(frozen=True, slots=True)
-class Props:
-    """What `/props` says of the server; `n_ctx` is per slot."""
-
-    chat_template: str
-    chat_template_sha256: str
-    total_slots: int
-    n_ctx: int
-    model_alias: str | None = None
-    model_path: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SlotInfo:
-    id: int
-    is_processing: bool
-    n_ctx: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """One token of `/tokenize`. llama-server sends a piece that is not valid UTF-8 on its own
-    (part of a multi-byte character) as a list of byte values: `data` holds the exact bytes, so
-    `b"".join(t.data for t in tokens)` is the text's UTF-8; `piece` is `data` as text, with
-    U+FFFD where a character is split between tokens."""
-
-    id: int
-    piece: str
-    data: bytes
+__all__ = ["Client", "EventSink", "Props", "SlotInfo", "Token"]
 
 
 class Client:
@@ -102,9 +82,6 @@ class Client:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
-        # A llama-server router routes a GET by `?model=` and a POST by the body's `model`; a
-        # single-model server ignores both.
-        self._model_query = "?model=" + quote(request_settings.model, safe="")
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -190,56 +167,49 @@ class Client:
         """Read the stream to its final chunk under the liveness limit, with the thinking cap.
 
         The hot path: one read, one decoder feed, one orjson parse and one assembler feed per
-        chunk, two clock reads per read. A read's deadline is the silence left; a read that brings
-        no data event (a keep-alive comment, part of a line) moves no deadline, so not even a
-        flood of comments keeps a dead stream alive."""
+        chunk, two clock reads per read. A read's deadline is the silence left since the
+        generation last advanced (the assembler's `advanced`); anything else (a keep-alive
+        comment, part of a line, a chunk that carries nothing new) moves no deadline, so no flood
+        of empty events keeps a dead stream alive. The final chunk returns the answer at once:
+        nothing after it is read, so nothing after it can change the answer."""
         limits = self._limits
         clock = self._clock
         read = exchange.read
         decoder = SseDecoder(max_line=limits.sse_line_bytes)
         feed = decoder.feed
-        assembler = Assembler()
+        assembler = Assembler(max_answer_bytes=limits.answer_bytes, max_predicted=self._settings.max_tokens)
         assemble = assembler.feed
         cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
         liveness = Liveness(limits.liveness_ms, clock.now())
         while True:
-            try:
-                data = read(liveness.timeout(clock.now()))
-            except StreamClosedEarly:
-                if assembler.finished:
-                    # Cut after the final chunk (only `[DONE]` was missing): the answer is whole.
-                    return assembler.result(thinking_capped=cap.capped)
-                raise
+            data = read(liveness.timeout(clock.now()))
             arrived = clock.now()
             if isinstance(data, TimedOut):
                 if liveness.expired(arrived):
-                    if assembler.finished:
-                        # The final chunk came and then only silence (no `[DONE]`, no close):
-                        # the answer is whole, so it is returned rather than lost to a stall.
-                        return assembler.result(thinking_capped=cap.capped)
                     raise liveness.error(arrived)
                 continue
             if not data:
                 decoder.end()  # raises a decoder failure still pending
                 return assembler.result(thinking_capped=cap.capped)
-            fresh = False
+            advanced = False
             for event in feed(data):
                 if type(event) is SseData:
-                    fresh = True
                     for out in assemble(parse_chunk(event.data)):
                         on_event(out)
-                    if assembler.in_reasoning:
-                        self._check_thinking(cap, assembler, exchange, on_event)
+                    if assembler.finished:
+                        return assembler.result(thinking_capped=cap.capped)
+                    if assembler.advanced:
+                        advanced = True
+                        if assembler.in_reasoning:
+                            self._check_thinking(cap, assembler, exchange, on_event)
                 elif type(event) is SseDone:
                     return assembler.result(thinking_capped=cap.capped)
-            if fresh:
+            if advanced:
                 liveness.on_data(arrived)
             elif liveness.expired(arrived):
                 raise liveness.error(arrived)
 
-    def _check_thinking(
-        self, cap: ThinkingCap, assembler: Assembler, exchange: Exchange, on_event: EventSink
-    ) -> None:
+    def _check_thinking(self, cap: ThinkingCap, assembler: Assembler, exchange: Exchange, on_event: EventSink) -> None:
         action = cap.observe(assembler.reasoning_tokens, assembler.in_reasoning)
         if action is Action.POST_REASONING_END:
             answer = self._post_reasoning_end(assembler.completion_id)
@@ -259,73 +229,32 @@ class Client:
         try:
             # The stream is not read meanwhile, so the call gets the liveness limit, not a load wait.
             body = build_control_body(completion_id, self._settings.model)
-            answer = self._request_json("POST", CONTROL_PATH, body, wait_ms=self._limits.liveness_ms)
+            answer = self._request("POST", CONTROL_PATH, body, wait_ms=self._limits.liveness_ms)
         except InferError as exc:
             return f"{type(exc).__name__}: {exc}"
-        if isinstance(answer, dict) and answer.get("success") is True:
-            return None
-        return f"the server answered {json.dumps(answer)[:300]}"
+        return control_refusal(answer)
 
     # -- info ---------------------------------------------------------------------------------
 
     def props(self) -> Props:
-        data = self._request_json("GET", "/props" + self._model_query)
-        try:
-            template = data["chat_template"]
-            total_slots = data["total_slots"]
-            n_ctx = data["default_generation_settings"]["n_ctx"]
-        except (KeyError, TypeError) as exc:
-            raise ProtocolError(f"/props answer lacks {exc}") from exc
-        if not isinstance(template, str) or not isinstance(total_slots, int) or not isinstance(n_ctx, int):
-            raise ProtocolError("/props answer has chat_template, total_slots or n_ctx of the wrong type")
-        return Props(
-            chat_template=template,
-            chat_template_sha256=sha256(template.encode("utf-8")).hex(),
-            total_slots=total_slots,
-            n_ctx=n_ctx,
-            model_alias=_opt_str(data.get("model_alias")),
-            model_path=_opt_str(data.get("model_path")),
-        )
+        return parse_props(self._request("GET", with_model(PROPS_PATH, self._settings.model)))
 
     def slots(self) -> list[SlotInfo]:
-        data = self._request_json("GET", "/slots" + self._model_query)
-        if not isinstance(data, list):
-            raise ProtocolError("/slots answer is not a list")
-        out = []
-        for entry in data:
-            if not isinstance(entry, dict) or type(entry.get("id")) is not int:
-                raise ProtocolError(f"/slots entry without an integer id: {str(entry)[:200]}")
-            busy = entry.get("is_processing")
-            if type(busy) is not bool:
-                raise ProtocolError(f"/slots entry {entry['id']} has is_processing {busy!r}, not a boolean")
-            n_ctx = entry.get("n_ctx")
-            out.append(SlotInfo(entry["id"], busy, n_ctx if type(n_ctx) is int else None))
-        return out
+        return parse_slots(self._request("GET", with_model(SLOTS_PATH, self._settings.model)))
 
     def tokenize(self, text: str) -> list[Token]:
-        request = {"content": text, "with_pieces": True, "model": self._settings.model}
-        body = json.dumps(request, ensure_ascii=False).encode("utf-8")
-        data = self._request_json("POST", "/tokenize", body)
-        tokens = data.get("tokens") if isinstance(data, dict) else None
-        if not isinstance(tokens, list):
-            raise ProtocolError("/tokenize answer has no token list")
-        out = []
-        for tok in tokens:
-            if not isinstance(tok, dict) or type(tok.get("id")) is not int:
-                raise ProtocolError(f"/tokenize entry without an integer id: {str(tok)[:200]}")
-            piece = tok.get("piece")
-            if isinstance(piece, str):
-                out.append(Token(tok["id"], piece, piece.encode("utf-8")))
-            elif isinstance(piece, list) and all(type(b) is int and 0 <= b <= 255 for b in piece):
-                data = bytes(piece)
-                out.append(Token(tok["id"], data.decode("utf-8", "replace"), data))
-            else:
-                raise ProtocolError(f"/tokenize entry {tok['id']} has a piece that is neither text nor bytes")
-        return out
+        if type(text) is not str:
+            raise RequestError(f"tokenize takes text (a str), not {type(text).__name__}")
+        try:
+            body = orjson.dumps({"content": text, "with_pieces": True, "model": self._settings.model})
+        except orjson.JSONEncodeError as exc:
+            raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
+        return parse_tokens(self._request("POST", TOKENIZE_PATH, body))
 
-    def _request_json(self, method: str, path: str, body: bytes | None = None, *, wait_ms: int | None = None) -> Any:
-        """A small request whose answer is one JSON document (not a stream); `Stalled` if its head
-        does not come within `wait_ms` (by default `load_wait_ms`: a router may be loading)."""
+    def _request(self, method: str, path: str, body: bytes | None = None, *, wait_ms: int | None = None) -> bytes:
+        """A small request whose answer is one body (not a stream). Its head must come within
+        `wait_ms` (by default `load_wait_ms`: a router may be loading the model), else `Stalled`;
+        its body, or an error body, within `liveness_ms` more in all."""
         limits = self._limits
         wait_ms = limits.load_wait_ms if wait_ms is None else wait_ms
         exchange = self._transport.open(method, path, body, timeout=limits.poll_ms / 1000.0)
@@ -339,29 +268,27 @@ class Client:
                     raise Stalled(f"{method} {path}: no answer within {wait_ms} ms")
             if head.status != 200:
                 raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
-            raw = exchange.read_all(limits.body_bytes, limits.liveness_ms / 1000.0)
+            return exchange.read_all(limits.body_bytes, limits.liveness_ms / 1000.0)
         finally:
             exchange.close()
-        try:
-            return json.loads(raw)
-        except ValueError as exc:
-            raise ProtocolError(f"{method} {path}: answer is not JSON: {exc}") from exc
 
     def _error_body(self, exchange: Exchange) -> bytes:
-        """Up to `error_body_bytes` of an error answer; a longer body is cut, never an error."""
+        """Up to `error_body_bytes` of an error answer, read within `liveness_ms` in all; a body
+        that is longer, slower or cut short is kept as far as it came, never an error: the status
+        is the news."""
         limit = self._limits.error_body_bytes
-        timeout = self._limits.poll_ms / 1000.0
+        clock = self._clock
+        deadline = clock.now() + self._limits.liveness_ms / 1000.0
         kept = bytearray()
         try:
             while len(kept) < limit:
-                piece = exchange.read(timeout)
+                left = deadline - clock.now()
+                if left <= 0.0:
+                    break
+                piece = exchange.read(left)
                 if isinstance(piece, TimedOut) or not piece:
                     break
                 kept += piece
         except InferError:
-            pass  # the status is the news; a body cut short still says what it can
+            pass
         return bytes(kept[:limit])
-
-
-def _opt_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None

@@ -10,10 +10,19 @@ Invariants:
 - Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries
   them (a later equal value is ignored, a different one is a `ProtocolError`); `arguments`
   pieces are concatenated; `type` is never concatenated.
-- `timings` are the latest seen on any chunk. `reasoning_tokens` is the `timings.predicted_n` of
-  the latest chunk that carried `reasoning_content` (one per such chunk if the server sent no
-  timings); `in_reasoning` is true from a reasoning delta until a content or tool-call delta or
-  the final chunk.
+- `timings` are the latest seen on any chunk. `reasoning_tokens` never falls and is at least
+  both the `timings.predicted_n` of the latest chunk that carried `reasoning_content` and the
+  number of chunks that carried reasoning text, so a server whose `predicted_n` is stuck or
+  missing cannot hold the thinking cap off; `in_reasoning` is true from a reasoning delta until a
+  content or tool-call delta or the final chunk.
+- `advanced` says whether the last chunk fed moved the generation on (the liveness rule): new
+  text in content or reasoning, a tool call's first name or an arguments piece, a
+  `prompt_progress` whose `processed` grew (up to the `total` its first one gave), a
+  `timings.predicted_n` that grew (up to `max_predicted`: the server can hold text back while
+  tokens advance), or the final chunk. A role-only or empty delta, `{}`, `choices: []`, a repeated
+  progress or an id alone advance nothing, exactly like a keep-alive comment.
+- The assembled answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes)
+  is capped at `max_answer_bytes`; past it, `ProtocolError`.
 - An error chunk (`{"error": ...}`) raises `HttpError(code, the chunk as JSON)`; a malformed
   chunk raises `ProtocolError`. After either, the assembler refuses further input.
 - `finished` turns true on the chunk with a `finish_reason`; `result` before that raises
@@ -65,28 +74,47 @@ def _int_field(data: dict[str, Any], key: str, where: str) -> int:
 
 
 class Assembler:
-    """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning` and
-    `finished` between chunks; they are plain attributes for speed, not to be assigned."""
+    """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning`, `advanced`
+    and `finished` between chunks; they are plain attributes for speed, not to be assigned.
+
+    `max_answer_bytes` caps the assembled answer and `max_predicted` bounds the `predicted_n`
+    that still counts as progress (the request's `max_tokens`); `None` leaves either unbounded."""
 
     __slots__ = (
+        "_answer_bytes",
         "_calls",
         "_chunks",
         "_content",
         "_failed",
         "_finish",
+        "_max_answer",
+        "_max_predicted",
+        "_predicted",
+        "_processed",
+        "_progress_total",
         "_reasoning",
+        "_reasoning_chunks",
         "_timings",
+        "advanced",
         "completion_id",
         "finished",
         "in_reasoning",
         "reasoning_tokens",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_answer_bytes: int | None = None, max_predicted: int | None = None) -> None:
         self.completion_id: str | None = None
         self.reasoning_tokens = 0
         self.in_reasoning = False
         self.finished = False
+        self.advanced = False
+        self._max_answer = max_answer_bytes
+        self._max_predicted = max_predicted
+        self._answer_bytes = 0
+        self._reasoning_chunks = 0
+        self._predicted = 0
+        self._processed = -1
+        self._progress_total: int | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, _Call] = {}
@@ -101,6 +129,7 @@ class Assembler:
         if self._failed is not None:
             raise ProtocolError(f"chunk after the stream failed ({self._failed})")
         self._chunks += 1
+        self.advanced = False
         try:
             return self._feed(chunk)
         except InferError as exc:
@@ -118,18 +147,20 @@ class Assembler:
             if type(cid) is str and cid:
                 self.completion_id = cid
         timings = chunk.get("timings")
+        predicted = None
         if timings is not None:
             self._timings = timings
+            predicted = timings.get("predicted_n")
+            if type(predicted) is int:
+                if self._predicted < predicted and (self._max_predicted is None or predicted <= self._max_predicted):
+                    self._predicted = predicted
+                    self.advanced = True
+            elif predicted is not None:
+                raise ProtocolError(f"timings.predicted_n is {predicted!r}, not an integer")
         events = _NOTHING
         progress = chunk.get("prompt_progress")
         if progress is not None:
-            events = (
-                Progress(
-                    _int_field(progress, "total", "prompt_progress"),
-                    _int_field(progress, "cache", "prompt_progress"),
-                    _int_field(progress, "processed", "prompt_progress"),
-                ),
-            )
+            events = (self._progress(progress),)
         choices = chunk.get("choices")
         if not choices:
             return events
@@ -145,22 +176,24 @@ class Assembler:
                 if type(text) is not str:
                     raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
                 if text:
+                    self._grow(text)
                     self.in_reasoning = True
+                    self.advanced = True
                     self._reasoning.append(text)
-                    predicted = timings.get("predicted_n") if timings is not None else None
-                    if type(predicted) is int:
-                        self.reasoning_tokens = predicted
-                    elif predicted is None:
-                        self.reasoning_tokens += 1
-                    else:
-                        raise ProtocolError(f"timings.predicted_n is {predicted!r}, not an integer")
+                    self._reasoning_chunks += 1
+                    tokens = max(self.reasoning_tokens, self._reasoning_chunks)
+                    if type(predicted) is int and predicted > tokens:
+                        tokens = predicted
+                    self.reasoning_tokens = tokens
                     events = (*events, Reasoning(text))
             text = delta.get("content")
             if text is not None:
                 if type(text) is not str:
                     raise ProtocolError(f"content is a {type(text).__name__}, not a string")
                 if text:
+                    self._grow(text)
                     self.in_reasoning = False
+                    self.advanced = True
                     self._content.append(text)
                     events = (*events, Content(text))
             calls = delta.get("tool_calls")
@@ -174,8 +207,34 @@ class Assembler:
                 raise ProtocolError(f"unknown finish_reason {reason!r}")
             self._finish = finish
             self.finished = True
+            self.advanced = True
             self.in_reasoning = False
         return events
+
+    def _progress(self, progress: dict[str, Any]) -> Progress:
+        event = Progress(
+            _int_field(progress, "total", "prompt_progress"),
+            _int_field(progress, "cache", "prompt_progress"),
+            _int_field(progress, "processed", "prompt_progress"),
+        )
+        # Only growth up to the total the first report gave counts, so a server cannot keep a
+        # call alive by repeating (or endlessly inflating) its progress.
+        if self._progress_total is None:
+            self._progress_total = event.total
+        if self._processed < event.processed <= self._progress_total:
+            self._processed = event.processed
+            self.advanced = True
+        return event
+
+    def _grow(self, text: str) -> None:
+        limit = self._max_answer
+        if limit is None:
+            return
+        self._answer_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
+        if self._answer_bytes > limit:
+            raise ProtocolError(
+                f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks"
+            )
 
     def _tool_deltas(self, calls: list[dict[str, Any]]) -> list[ChatEvent]:
         out: list[ChatEvent] = []
@@ -189,14 +248,22 @@ class Assembler:
             function = delta.get("function") or {}
             new_id = delta.get("id")
             name = function.get("name")
-            call.id = _set_once(index, "id", call.id, new_id)
-            call.name = _set_once(index, "name", call.name, name)
+            old_id, old_name = call.id, call.name
+            call.id = _set_once(index, "id", old_id, new_id)
+            call.name = _set_once(index, "name", old_name, name)
+            if call.id is not old_id and call.id is not None:
+                self._grow(call.id)
+            if call.name is not old_name and call.name is not None:
+                self._grow(call.name)
+                self.advanced = True
             arguments = function.get("arguments")
             if arguments is None:
                 arguments = ""
             elif type(arguments) is not str:
                 raise ProtocolError(f"tool call {index}: arguments is a {type(arguments).__name__}")
             elif arguments:
+                self._grow(arguments)
+                self.advanced = True
                 call.parts.append(arguments)
             out.append(ToolCallDelta(index, new_id or None, name or None, arguments))
         return out

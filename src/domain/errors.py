@@ -71,3 +71,9 @@ def stream_error(obj: object, body: str) -> HttpError:
 
 class ProtocolError(InferError):
     """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what."""
+
+
+class RequestError(InferError, ValueError):
+    """A request that must not be sent (a slot id out of range, `tool_choice` "required" with no
+    tool, text that is not valid Unicode, ...); nothing was sent. The message names what is wrong
+    and where. Also a `ValueError`, since it is the caller's input that is wrong."""

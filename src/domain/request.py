@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from domain.errors import RequestError
 from domain.messages import (
     TOOL_CHOICES,
     AssistantMessage,
@@ -34,10 +35,6 @@ from domain.messages import (
 )
 
 CONTROL_ACTION = "reasoning_end"
-
-
-class RequestError(ValueError):
-    """A request that must not be sent; the message names what is wrong and where."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +138,8 @@ def _encode(body: dict[str, Any], what: str) -> bytes:
         raise RequestError(f"{what} holds text that is not valid Unicode ({exc.reason})") from exc
     except (TypeError, ValueError) as exc:
         raise RequestError(f"{what} cannot be rendered as JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise RequestError(f"{what} is nested too deeply to render as JSON") from exc
 
 
 def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots: int | None) -> bytes:

@@ -7,18 +7,12 @@ negative slot id, a caller's bug, raises.
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import quote
-
-import orjson
-
 from adapters.system import SystemClock
 from domain.errors import InferError
+from domain.llama_api import SLOTS_PATH, slot_state, with_model
 from ports.clock import Clock
 from ports.slot_probe import SlotState
 from ports.transport import TimedOut, Transport
-
-SLOTS_PATH = "/slots"
 
 
 class UdsSlotProbe:
@@ -36,7 +30,7 @@ class UdsSlotProbe:
         clock: Clock | None = None,
         model: str | None = None,
     ) -> None:
-        self._path = SLOTS_PATH if model is None else f"{SLOTS_PATH}?model={quote(model, safe='')}"
+        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
         self._transport = transport
         self._timeout = timeout
         self._body_bytes = body_bytes
@@ -48,7 +42,7 @@ class UdsSlotProbe:
         body = self._fetch()
         if body is None:
             return SlotState.UNAVAILABLE
-        return _state_of(body, slot)
+        return slot_state(body, slot)
 
     def _fetch(self) -> bytes | None:
         clock = self._clock
@@ -66,21 +60,3 @@ class UdsSlotProbe:
             return None
         finally:
             exchange.close()
-
-
-def _state_of(body: bytes, slot: int) -> SlotState:
-    try:
-        slots: Any = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return SlotState.UNAVAILABLE
-    if not isinstance(slots, list):
-        return SlotState.UNAVAILABLE
-    for entry in slots:
-        if isinstance(entry, dict) and entry.get("id") == slot and type(entry.get("id")) is int:
-            busy = entry.get("is_processing")
-            if busy is True:
-                return SlotState.BUSY
-            if busy is False:
-                return SlotState.IDLE
-            return SlotState.UNAVAILABLE
-    return SlotState.UNAVAILABLE

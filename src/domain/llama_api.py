@@ -1,0 +1,204 @@
+"""llama-server's HTTP API in one place: its paths, its query, and the parsing of its JSON answers.
+
+Pure: bytes in, typed values out. The adapters move the bytes; this module decides what they mean.
+
+Invariants:
+- Every JSON answer goes through one parser (`loads`, orjson) with one set of rules: valid UTF-8,
+  no lone surrogates, no NaN or Infinity, nesting at most 1,024 deep. What breaks a rule is a
+  `ProtocolError`, never `RecursionError`, `UnicodeError` or `ValueError`.
+- Types are exact: a bool is not an integer (`type(x) is int`), an integer too large for 64 bits
+  arrives as a float and is refused, a count is never negative.
+- Every error names the endpoint and the path of the field (`/slots[2].is_processing`) and what
+  was found there, cut to a readable length.
+- The slot probe's reading (`slot_state`) is lenient by design: any answer it cannot read means
+  the server cannot say, `UNAVAILABLE`; the caller-facing readers (`parse_*`) are strict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from domain.errors import ProtocolError
+from domain.hashing import sha256
+from ports.slot_probe import SlotState
+
+CHAT_PATH: Final = "/v1/chat/completions"
+CONTROL_PATH: Final = "/v1/chat/completions/control"
+SLOTS_PATH: Final = "/slots"
+PROPS_PATH: Final = "/props"
+TOKENIZE_PATH: Final = "/tokenize"
+
+_SHOWN = 120  # characters of an offending value quoted in an error
+_UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+def with_model(path: str, model: str) -> str:
+    """`path?model=<model>`, every byte of the model's UTF-8 outside RFC 3986's unreserved set
+    percent-encoded: a llama-server router routes a GET by it (a single-model server ignores it;
+    a POST names the model in its body instead)."""
+    query = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in model.encode("utf-8"))
+    return f"{path}?model={query}"
+
+
+@dataclass(frozen=True, slots=True)
+class Props:
+    """What `/props` says of the server; `n_ctx` is per slot."""
+
+    chat_template: str
+    chat_template_sha256: str
+    total_slots: int
+    n_ctx: int
+    model_alias: str | None = None
+    model_path: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    id: int
+    is_processing: bool
+    n_ctx: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of `/tokenize`. llama-server sends a piece that is not valid UTF-8 on its own
+    (part of a multi-byte character) as a list of byte values: `data` holds the exact bytes, so
+    `b"".join(t.data for t in tokens)` is the text's UTF-8; `piece` is `data` as text, with
+    U+FFFD where a character is split between tokens."""
+
+    id: int
+    piece: str
+    data: bytes
+
+
+def loads(raw: bytes | str, where: str) -> Any:
+    """Parse one JSON document; `ProtocolError` naming `where` if it breaks a rule."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"{where}: answer is not valid JSON ({exc})") from exc
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _object(value: object, path: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise ProtocolError(f"{path} is {_show(value)}, not an object")
+    return value
+
+
+def _list(value: object, path: str) -> list[Any]:
+    if type(value) is not list:
+        raise ProtocolError(f"{path} is {_show(value)}, not a list")
+    return value
+
+
+def _count(obj: dict[str, Any], key: str, path: str, *, positive: bool = False) -> int:
+    value = obj.get(key)
+    if type(value) is not int or value < (1 if positive else 0):
+        need = "a positive integer" if positive else "a non-negative integer"
+        shown = "missing" if key not in obj else _show(value)
+        raise ProtocolError(f"{path}.{key} is {shown}, not {need}")
+    return value
+
+
+def _opt_str(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if type(value) is str else None
+
+
+def parse_props(raw: bytes) -> Props:
+    """`GET /props`: the template (hashed here), the slot count and the per-slot context."""
+    where = PROPS_PATH
+    data = _object(loads(raw, where), where)
+    template = data.get("chat_template")
+    if type(template) is not str:
+        shown = "missing" if "chat_template" not in data else _show(template)
+        raise ProtocolError(f"{where}.chat_template is {shown}, not a string")
+    settings = _object(data.get("default_generation_settings"), f"{where}.default_generation_settings")
+    return Props(
+        chat_template=template,
+        chat_template_sha256=sha256(template.encode("utf-8")).hex(),
+        total_slots=_count(data, "total_slots", where, positive=True),
+        n_ctx=_count(settings, "n_ctx", f"{where}.default_generation_settings", positive=True),
+        model_alias=_opt_str(data, "model_alias"),
+        model_path=_opt_str(data, "model_path"),
+    )
+
+
+def parse_slots(raw: bytes) -> list[SlotInfo]:
+    """`GET /slots`: one entry per slot, each with an integer `id` and a boolean `is_processing`."""
+    where = SLOTS_PATH
+    out = []
+    for i, item in enumerate(_list(loads(raw, where), where)):
+        path = f"{where}[{i}]"
+        entry = _object(item, path)
+        slot_id = _count(entry, "id", path)
+        busy = entry.get("is_processing")
+        if type(busy) is not bool:
+            raise ProtocolError(f"{path}.is_processing is {_show(busy)}, not a boolean")
+        n_ctx = entry.get("n_ctx")
+        out.append(SlotInfo(slot_id, busy, n_ctx if type(n_ctx) is int and n_ctx > 0 else None))
+    return out
+
+
+def parse_tokens(raw: bytes) -> list[Token]:
+    """`POST /tokenize` with `with_pieces`: each token's id and piece (text, or a byte list)."""
+    where = TOKENIZE_PATH
+    data = _object(loads(raw, where), where)
+    out = []
+    for i, item in enumerate(_list(data.get("tokens"), f"{where}.tokens")):
+        path = f"{where}.tokens[{i}]"
+        tok = _object(item, path)
+        token_id = _count(tok, "id", path)
+        piece = tok.get("piece")
+        if type(piece) is str:
+            try:
+                data_bytes = piece.encode("utf-8")
+            except UnicodeEncodeError as exc:  # pragma: no cover - the parser refuses lone surrogates
+                raise ProtocolError(f"{path}.piece is not valid text") from exc
+            out.append(Token(token_id, piece, data_bytes))
+        elif type(piece) is list and all(type(b) is int and 0 <= b <= 255 for b in piece):
+            data_bytes = bytes(piece)
+            out.append(Token(token_id, data_bytes.decode("utf-8", "replace"), data_bytes))
+        else:
+            raise ProtocolError(f"{path}.piece is {_show(piece)}, neither text nor a list of byte values")
+    return out
+
+
+def control_refusal(raw: bytes) -> str | None:
+    """`POST /v1/chat/completions/control`: None if it answered `{"success": true}`, else what
+    it answered instead (an answer that is not JSON is a refusal too, not a crash)."""
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return f"the server answered non-JSON {_show(raw[:_SHOWN])}"
+    if type(answer) is dict and answer.get("success") is True:
+        return None
+    return f"the server answered {_show(answer)}"
+
+
+def slot_state(raw: bytes, slot: int) -> SlotState:
+    """The probe's reading of a `/slots` answer: `BUSY`/`IDLE` from the slot's `is_processing`,
+    `UNAVAILABLE` for anything it cannot read (the server cannot say, so the load budget runs)."""
+    try:
+        slots: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return SlotState.UNAVAILABLE
+    if type(slots) is not list:
+        return SlotState.UNAVAILABLE
+    for entry in slots:
+        if type(entry) is dict and type(entry.get("id")) is int and entry["id"] == slot:
+            busy = entry.get("is_processing")
+            if busy is True:
+                return SlotState.BUSY
+            if busy is False:
+                return SlotState.IDLE
+            return SlotState.UNAVAILABLE
+    return SlotState.UNAVAILABLE
