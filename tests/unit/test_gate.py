@@ -376,3 +376,59 @@ def test_sixteen_threads_with_a_small_queue_get_busy_and_leave_nothing_behind() 
     assert "served" in outcomes
     assert peak == 1
     assert not gate.held(0) and gate.waiting(0) == 0
+
+
+# -- pinned details a careless change would slip past ---------------------------------------------
+
+
+@pytest.mark.parametrize("queue_per_slot", [True, False, 1.0, "8", None])
+def test_a_queue_size_that_is_not_an_integer_is_refused(queue_per_slot: object) -> None:
+    # `True` is an int to Python; as a queue size it is a mistake, not 1.
+    with pytest.raises(ValueError, match="queue_per_slot must be a non-negative integer"):
+        SlotGate(queue_per_slot)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("slot", [True, False, 0.0, 1.5, "0", None])
+def test_a_slot_that_is_not_an_integer_is_refused_before_anything_is_held(slot: object) -> None:
+    gate = SlotGate(1)
+    events: list[ChatEvent] = []
+    with pytest.raises(ValueError, match="slot must be a non-negative integer"), gate.hold(slot, events.append):  # type: ignore[arg-type]
+        pass
+    assert events == []
+    assert not gate.held(0) and not gate.held(1)
+
+
+def test_a_slot_never_asked_for_is_free_with_nobody_waiting() -> None:
+    gate = SlotGate(8)
+    with gate.hold(0, lambda e: None):
+        assert (gate.held(3), gate.waiting(3)) == (False, 0)
+    assert (gate.held(7), gate.waiting(7)) == (False, 0)
+
+
+def test_a_waiter_leaving_moves_up_everyone_behind_it() -> None:
+    # Two waiters behind the one that leaves: each is told its new place, not only one of them.
+    gate = SlotGate(8)
+    first_event = threading.Event()
+    go = threading.Event()
+
+    def leave_when_told(event: ChatEvent) -> None:
+        first_event.set()
+        if not go.wait(JOIN_S):
+            raise AssertionError("not told")
+        raise RuntimeError("gave up")
+
+    with callers() as running:
+        holding(gate, running)
+        quitter = Caller(gate, 0, "quitter", on_event=leave_when_told).start()
+        assert first_event.wait(JOIN_S)
+        second = Caller(gate, 0, "second").start()
+        running.append(second)
+        until(lambda: gate.waiting(0) == 2 and len(second.events) == 1)
+        third = Caller(gate, 0, "third").start()
+        running.append(third)
+        until(lambda: gate.waiting(0) == 3 and len(third.events) == 1)
+        go.set()
+        quitter.thread.join(JOIN_S)
+        until(lambda: len(second.events) == 2 and len(third.events) == 2)
+        assert (second.events, third.events) == ([Queued(2), Queued(1)], [Queued(3), Queued(2)])
+        assert gate.waiting(0) == 2

@@ -163,3 +163,75 @@ def test_client_loop_shape_gives_retrying_events_and_stops_at_the_budget() -> No
     # 40 s, wait 2 s, 40 s (82 s), wait 8 s would end at 90 s < 100 s: taken; 40 s more is 130 s.
     assert events == [(2, 2000), (3, 8000)]
     assert attempt == 3
+
+
+# -- pinned details a careless change would slip past ---------------------------------------------
+
+
+def test_the_defaults_are_the_briefs() -> None:
+    p = RetryPolicy()
+    assert (p.attempts, p.delays_ms, p.jitter, p.total_ms) == (4, (2000, 8000, 30_000), 0.25, 300_000)
+
+
+def test_default_random_sources_are_independent_and_unseeded() -> None:
+    # Clients restarted together must not retry in step: two default policies draw different
+    # waits (three draws over ranges of 1001, 4001 and 15001 values; a tie is out of reach).
+    def schedule() -> list[int]:
+        p = RetryPolicy()
+        return [p.decide(n, Stalled("s"), 0).after_ms for n in (1, 2, 3)]
+
+    assert RetryPolicy().rng is not RetryPolicy().rng
+    assert schedule() != schedule()
+
+
+def test_a_policy_is_its_settings_not_its_random_source() -> None:
+    assert policy(0.0) == policy(1.0)
+    assert policy(0.0, attempts=3) != policy(0.0)
+    assert "rng" not in repr(policy())
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 501, 502, 504, 507, 599])
+def test_of_the_http_statuses_only_503_is_retried(status: int) -> None:
+    assert is_retryable(HttpError(503, "x"))
+    assert not is_retryable(HttpError(status, "x"))
+
+
+@pytest.mark.parametrize(("at", "after_ms"), [(0.62, 11), (0.58, 10)])
+def test_a_jittered_wait_is_rounded_to_the_nearest_millisecond(at: float, after_ms: int) -> None:
+    # 10 ms scaled by 1.06 is 10.6 ms, by 1.04 is 10.4 ms: rounded, neither cut nor raised.
+    p = policy(at, delays_ms=(10,))
+    assert p.decide(1, Stalled("s"), 0).after_ms == after_ms
+
+
+def test_a_zero_delay_is_allowed_and_retries_at_once() -> None:
+    p = policy(1.0, delays_ms=(0,))
+    assert p.decide(1, Stalled("s"), 0) == RetryDecision(True, attempt=2, after_ms=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"attempts": 2, "delays_ms": ()}, {"delays_ms": (10, -1)}, {"delays_ms": (10, 20, -5)}]
+)
+def test_more_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_refusal_says_why_and_carries_no_attempt_or_wait() -> None:
+    p = policy(0.5)
+    assert p.decide(1, WaitTimeout("waited"), 0) == RetryDecision(False, reason="WaitTimeout is not retried")
+    assert p.decide(2, HttpError(400, CONTEXT_400), 0) == RetryDecision(False, reason="HttpError is not retried")
+    assert p.decide(4, Stalled("s"), 0) == RetryDecision(False, reason="all 4 attempts made")
+    budget = p.decide(1, Stalled("s"), 298_000)
+    assert (budget.retry, budget.attempt, budget.after_ms) == (False, 0, 0)
+    assert budget.reason == "a wait of 2000 ms after 298000 ms would reach the 300000 ms retry budget"
+
+
+def test_only_a_wait_that_is_considered_draws_from_the_random_source() -> None:
+    # A final error and the last attempt draw nothing, so a seeded schedule does not shift with
+    # the failures in between.
+    p = policy(0.5)
+    p.decide(1, ProtocolError("bad"), 0)
+    p.decide(4, Stalled("s"), 0)
+    assert p.rng.calls == []  # type: ignore[attr-defined]
+    p.decide(1, Stalled("s"), 0)
+    assert p.rng.calls == [(-0.25, 0.25)]  # type: ignore[attr-defined]
