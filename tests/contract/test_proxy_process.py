@@ -1,15 +1,20 @@
-"""`python -m adapters.proxy` as a process: its lines, its socket file, its signals, its exit codes.
+"""`python -m adapters.proxy` as a process: its lines, its socket file and lock, its signals, its
+exit codes, and how it holds up under a connect flood and a stderr that nobody reads.
 
-Every process started here is terminated, and killed if need be, before the test ends.
+Every process started here is terminated, and killed if need be, before the test ends. Floods are
+bounded in count and time and knock only on the proxy's own Unix socket.
 """
 
 import os
+import re
+import select
 import selectors
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from adapters.proxy.options import Address
-from adapters.proxy.testing import LoopbackUpstream, echo, unused_port
+from adapters.proxy.testing import LoopbackUpstream, echo, fill_pipe, knock, unused_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -164,7 +169,7 @@ def test_a_second_proxy_on_a_live_socket_refuses_to_start_and_the_first_keeps_wo
         with proxy_process("--listen", str(path), "--upstream", str(upstream.address)) as second:
             status, err = finish(second)
         assert status == 1
-        assert err == f"inferproxy: error: a process is listening on {path}; refusing to start\n"
+        assert err == f"inferproxy: error: another inferproxy holds {path}.lock; refusing to start\n"
         with connect(path) as client:
             client.sendall(b"still here")
             assert client.recv(100) == b"still here"
@@ -208,3 +213,216 @@ def test_the_installed_console_script_runs_the_same_main(tmp_path: Path) -> None
     result = subprocess.run([str(script), "--upstream", "h:1"], capture_output=True, timeout=10)
     assert result.returncode == 2
     assert result.stderr == b"inferproxy: error: the following arguments are required: --listen\n"
+
+
+# -- floods, a stderr nobody reads, and the lock beside the socket -----------------------------------
+
+
+def seconds_to_exit(proc: "subprocess.Popen[bytes]", signum: signal.Signals, limit: float = 5.0) -> float:
+    """Send `signum` and measure, from the signal to the process's exit, how long it took.
+
+    A pidfd becomes readable the moment the process exits, so no polling interval is added.
+    """
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        started = time.monotonic()
+        proc.send_signal(signum)
+        exited = select.select([pidfd], [], [], limit)[0]
+        elapsed = time.monotonic() - started
+    finally:
+        os.close(pidfd)
+    assert exited, f"still running {limit} s after {signum.name}"
+    return elapsed
+
+
+@contextmanager
+def draining(proc: "subprocess.Popen[bytes]") -> Iterator[bytearray]:
+    """Read the process's stderr on a thread until EOF; the bytes grow in the yielded buffer."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    got = bytearray()
+
+    def read() -> None:
+        while chunk := os.read(fd, 1 << 16):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read, name="test-stderr")
+    reader.start()
+    try:
+        yield got
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(5)
+    assert not reader.is_alive()
+
+
+class Flood:
+    """Knocks on a Unix socket from a thread as fast as it can, until told, `limit` knocks, `seconds`
+    or the socket is gone, whichever comes first."""
+
+    def __init__(self, path: Path, *, limit: int, seconds: float) -> None:
+        self._path = str(path)
+        self._limit = limit
+        self._deadline = time.monotonic() + seconds
+        self._enough = threading.Event()
+        self._reached = threading.Event()
+        self._mark = limit
+        self.knocks = 0
+        self.thread = threading.Thread(target=self._run, name="test-flood")
+
+    def _run(self) -> None:
+        try:
+            while self.knocks < self._limit and not self._enough.is_set() and time.monotonic() < self._deadline:
+                self.knocks += knock(self._path)
+                if self.knocks >= self._mark:
+                    self._reached.set()
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass  # the proxy has gone, and its socket with it
+        finally:
+            self._reached.set()
+
+    def wait_for(self, knocks: int, timeout: float) -> bool:
+        self._mark = knocks
+        return self._reached.wait(timeout) and self.knocks >= knocks
+
+    def __enter__(self) -> "Flood":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._enough.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+
+
+def forwards_within(path: Path, seconds: float) -> bool:
+    """Whether a client gets its bytes echoed within `seconds`, trying again while it is refused."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                client.connect(str(path))
+                client.sendall(b"anyone there?")
+                if client.recv(100) == b"anyone there?":
+                    return True
+            except (ConnectionResetError, BrokenPipeError, TimeoutError, BlockingIOError):
+                pass
+        time.sleep(0.02)  # refused by the rate limit: a token comes every 50 ms at 20/s
+    return False
+
+
+def test_a_full_stderr_pipe_nobody_reads_stops_neither_forwarding_nor_the_stop_signal(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    with (
+        LoopbackUpstream(echo) as upstream,
+        started_proxy(path, upstream.address, "--burst", "1", "--rate", "20") as proc,
+    ):
+        # From here on nobody reads the proxy's stderr, and it is full to the last byte.
+        fill_pipe(f"/proc/{proc.pid}/fd/2")
+        deadline = time.monotonic() + 10
+        knocked = 0
+        for _ in range(5000):
+            knocked += knock(str(path))
+            if time.monotonic() > deadline:
+                break
+        assert knocked > 1000
+        assert forwards_within(path, 3.0)
+        elapsed = seconds_to_exit(proc, signal.SIGTERM)
+        assert proc.wait(5) == 0
+    assert not os.path.lexists(path)
+    assert elapsed < 0.5, f"{elapsed * 1000:.0f} ms from SIGTERM to exit"
+
+
+def test_a_stop_signal_in_the_middle_of_a_connect_flood_ends_the_process_within_100_ms(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    with (
+        LoopbackUpstream(echo) as upstream,
+        started_proxy(path, upstream.address) as proc,
+        draining(proc),
+        Flood(path, limit=500_000, seconds=10) as flood,
+    ):
+        assert flood.wait_for(3000, timeout=10)
+        elapsed = seconds_to_exit(proc, signal.SIGTERM)
+        assert proc.wait(5) == 0
+    # 100 ms is the aim; the bound leaves room for a loaded two-core machine to schedule the exit.
+    assert elapsed < 0.5, f"{elapsed * 1000:.0f} ms from SIGTERM to exit"
+
+
+REFUSAL_SUMMARY = re.compile(r"^inferproxy: refused (\d+) more connections? within 1 s \[(.*)\]$")
+
+
+def test_the_log_stays_a_few_lines_under_a_flood_of_5000_connects_and_counts_every_refusal(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    rate_limit = "accept rate limit (burst 1, refill 0.001/s)"
+    with (
+        LoopbackUpstream(echo) as upstream,
+        started_proxy(path, upstream.address, "--burst", "1", "--rate", "0.001") as proc,
+        draining(proc) as err,
+    ):
+        started = time.monotonic()
+        knocked = 0
+        for _ in range(5000):
+            knocked += knock(str(path))
+            if time.monotonic() - started > 10:
+                break
+        # The backlog is served in order: once this client is refused, so is every knock before.
+        with connect(path) as last:
+            assert last.recv(1) == b""
+        seconds = time.monotonic() - started
+        assert seconds_to_exit(proc, signal.SIGTERM) < 5
+        assert proc.wait(5) == 0
+    lines = err.decode().splitlines()
+    own = [line for line in lines if line == f"inferproxy: refused a connection: {rate_limit}"]
+    summaries = [match for line in lines if (match := REFUSAL_SUMMARY.match(line))]
+    assert len(own) == 10
+    assert len(lines) == len(own) + len(summaries)  # nothing else after the start line
+    assert 1 <= len(summaries) <= seconds + 2
+    assert all(m[2] == f"{rate_limit}: {m[1]}" for m in summaries)
+    # The first knock got the one token; every other client, the last one included, is
+    # accounted for exactly once.
+    assert len(own) + sum(int(m[1]) for m in summaries) == knocked
+    assert len(err) < 2048, f"{len(err)} bytes of log for {knocked + 1} connects"
+
+
+# Binds the socket path, never listens, and holds it until its stdin closes.
+HOLDER = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]);"
+    " print('bound', flush=True); sys.stdin.read()"
+)
+
+
+def test_a_socket_another_process_has_bound_but_not_yet_put_into_listen_is_not_taken_over(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"bound\n"
+        before = os.lstat(path)
+        with proxy_process("--listen", str(path), "--upstream", "127.0.0.1:1") as proc:
+            status, err = finish(proc)
+        after = os.lstat(path)
+    finally:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()
+        holder.wait(5)
+        holder.stdout.close()
+    assert status == 1
+    assert err == f"inferproxy: error: a process has a socket bound at {path}; refusing to start (left untouched)\n"
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+
+
+def test_the_lock_file_stays_behind_with_mode_0600_and_the_next_proxy_takes_it(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    lock = tmp_path / "infer.sock.lock"
+    with LoopbackUpstream(echo) as upstream:
+        with started_proxy(path, upstream.address) as proc:
+            st = os.lstat(lock)
+            assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+            proc.send_signal(signal.SIGTERM)
+            assert finish(proc) == (0, "")
+        assert not os.path.lexists(path)
+        assert os.lstat(lock).st_ino == st.st_ino  # left in place: unlinking a lock file races
+        with started_proxy(path, upstream.address), connect(path) as client:
+            client.sendall(b"again")
+            assert client.recv(100) == b"again"

@@ -98,9 +98,12 @@ def test_a_socket_path_one_byte_too_long_for_af_unix_is_refused(tmp_path: Path) 
         parse_args(["--listen", path, "--upstream", "h:1"])
 
 
-def test_main_prints_one_line_and_exits_2_on_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# `capfd`, not `capsys`: main writes its lines to descriptor 2 itself, never through sys.stderr.
+
+
+def test_main_prints_one_line_and_exits_2_on_bad_arguments(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     status = main(["--listen", str(tmp_path / "s"), "--upstream", "h:99999"])
-    out, err = capsys.readouterr()
+    out, err = capfd.readouterr()
     assert status == 2
     assert out == ""
     assert err.count("\n") == 1
@@ -109,12 +112,12 @@ def test_main_prints_one_line_and_exits_2_on_bad_arguments(tmp_path: Path, capsy
 
 
 def test_main_exits_1_and_says_why_when_the_path_is_a_regular_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "infer.sock"
     path.write_bytes(b"keep me")
     status = main(["--listen", str(path), "--upstream", "127.0.0.1:1"])
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert status == 1
     assert err.count("\n") == 1 and "is a regular file, not a socket" in err
     assert path.read_bytes() == b"keep me"

@@ -1,24 +1,38 @@
 """`inferproxy`: forwards each connection on a Unix socket to one TCP connection upstream.
 
 The only code in the project that opens TCP. It never parses what it forwards, logs one line at
-start and one per refused connection, and nothing about traffic. Stdlib only.
+start and one per refused connection (a flood of refusals is summarised once a second), and
+nothing about traffic. Stdlib only.
 """
 
 from adapters.proxy.bucket import TokenBucket
 from adapters.proxy.options import Address, Limits, Settings, UsageError, parse_args
+from adapters.proxy.refusals import RefusalLines
 from adapters.proxy.server import Proxy
-from adapters.proxy.socket_file import BoundSocket, SocketFileError, bind_socket_file, remove_socket_file
+from adapters.proxy.socket_file import (
+    BoundSocket,
+    PathLock,
+    SocketFileError,
+    bind_socket_file,
+    lock_socket_path,
+    remove_socket_file,
+)
+from adapters.proxy.stderr_log import StderrLog
 
 __all__ = [
     "Address",
     "BoundSocket",
     "Limits",
+    "PathLock",
     "Proxy",
+    "RefusalLines",
     "Settings",
     "SocketFileError",
+    "StderrLog",
     "TokenBucket",
     "UsageError",
     "bind_socket_file",
+    "lock_socket_path",
     "parse_args",
     "remove_socket_file",
 ]

@@ -3,10 +3,17 @@
 Invariants:
 - Every accept attempt takes a token from the bucket first, so a storm of retries is rationed
   even while all slots are busy; then at most `max_conns` connections are open at once. A client
-  over either limit is closed at once and one line names the limit.
+  over either limit is closed at once; the first refusals get a line each that names the limit,
+  a flood gets one summary line a second (`RefusalLines`).
 - `stop()` only sets a flag and writes one byte to a pipe, so it is safe from a signal handler
   and from any thread. `serve()` then stops accepting, shuts every connection, removes the socket
-  file (if it is still ours) and waits for the connection threads to end.
+  file (if it is still ours), releases its lock and waits for the connection threads to end.
+- A flood cannot delay the stop: each wake-up accepts at most `ACCEPT_BATCH` clients and the stop
+  flag is looked at before every one of them.
+- Nothing in the loop blocks but its select. A log that can be drained (`DrainableLog`, the
+  process's stderr) is written without blocking; the loop watches its descriptor while lines wait.
+  Out of descriptors, accepting pauses briefly by leaving the listener out of the select, not by
+  sleeping.
 - A connection counts against `max_conns` from accept until both its sockets are closed.
 """
 
@@ -15,7 +22,6 @@ import errno
 import os
 import selectors
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,20 +30,18 @@ from adapters.proxy.bucket import TokenBucket
 from adapters.proxy.connection import Connection
 from adapters.proxy.options import Address, Limits
 from adapters.proxy.pump import Mover, default_mover
+from adapters.proxy.refusals import RefusalLines
 from adapters.proxy.socket_file import BoundSocket, remove_socket_file
+from adapters.proxy.stderr_log import DrainableLog, StderrLog
 
 Log = Callable[[str], None]
 
 CONNECT_TIMEOUT_S = 5.0
+ACCEPT_BATCH = 64
 _JOIN_ON_STOP_S = 2.0
-_ACCEPT_RETRY_S = 0.05
+_ACCEPT_PAUSE_S = 0.05
 _TRANSIENT_ACCEPT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNABORTED, errno.EPROTO}
-
-
-def log_to_stderr(line: str) -> None:
-    # A closed or broken stderr must not take the accept loop down with it.
-    with contextlib.suppress(OSError, ValueError):
-        print(f"inferproxy: {line}", file=sys.stderr, flush=True)
+_ACCEPT, _WAKE, _LOG = "accept", "wake", "log"
 
 
 class Proxy:
@@ -48,7 +52,7 @@ class Proxy:
         limits: Limits | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
-        log: Log = log_to_stderr,
+        log: Log | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         mover: Mover | None = None,
     ) -> None:
@@ -56,7 +60,9 @@ class Proxy:
         self._upstream = upstream
         self._limits = limits if limits is not None else Limits()
         self._bucket = TokenBucket(self._limits.burst, self._limits.rate, clock)
-        self._log = log
+        self._refusals = RefusalLines(clock)
+        self._log: Log = log if log is not None else StderrLog()
+        self._drainable = self._log if isinstance(self._log, DrainableLog) else None
         self._connect_timeout = connect_timeout
         self._mover = mover if mover is not None else default_mover()
         self._open: set[Connection] = set()
@@ -64,7 +70,11 @@ class Proxy:
         self._changed = threading.Condition()
         self._stopping = False
         self._serial = 0
+        self._accepted = 0
+        self._resume_accept_at: float | None = None  # set while accepting pauses, out of descriptors
         self._wake_read = self._wake_write = -1  # the wake-up pipe exists while serve() runs
+        self._log_fd = -1  # the log's descriptor while the selector watches it
+        self._wake_lock = threading.Lock()
 
     @property
     def start_line(self) -> str:
@@ -75,14 +85,15 @@ class Proxy:
         with self._changed:
             return len(self._open)
 
+    @property
+    def accepted(self) -> int:
+        """Clients accepted so far, refused ones included (read it from the serving thread or after)."""
+        return self._accepted
+
     def stop(self) -> None:
         """Ask `serve` to wind down. Signal-safe: takes no lock."""
         self._stopping = True
-        wake = self._wake_write
-        if wake >= 0:
-            # A full pipe means a wake-up is already pending.
-            with contextlib.suppress(OSError):
-                os.write(wake, b"\0")
+        self._wake()
 
     def wait_open_at_most(self, count: int, timeout: float) -> bool:
         """Wait until at most `count` connections are open; False on timeout."""
@@ -97,36 +108,79 @@ class Proxy:
         return True
 
     def serve(self) -> None:
-        """Accept and forward until `stop()`; always leaves the socket file removed."""
+        """Accept and forward until `stop()`; always leaves the socket file removed and unlocked."""
         listener = self._bound.sock
         listener.setblocking(False)
         self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         selector = selectors.DefaultSelector()
         try:
-            selector.register(listener, selectors.EVENT_READ)
-            selector.register(self._wake_read, selectors.EVENT_READ)
+            selector.register(listener, selectors.EVENT_READ, _ACCEPT)
+            selector.register(self._wake_read, selectors.EVENT_READ, _WAKE)
             while not self._stopping:
-                for key, _events in selector.select():
-                    if key.fileobj is listener and not self._stopping:
-                        self._accept_all(listener)
+                self._watch_log(selector)
+                for key, _events in selector.select(self._select_timeout()):
+                    if self._stopping:
+                        break
+                    if key.data == _ACCEPT:
+                        self._accept_batch(listener, selector)
+                    elif key.data == _WAKE:
+                        _empty_pipe(self._wake_read)
+                    elif self._drainable is not None:
+                        self._drainable.drain()
+                self._say(self._refusals.due())
+                self._resume_accepting(listener, selector)
                 self._reap()
         finally:
             selector.close()
+            self._log_fd = -1
             listener.close()
             with self._changed:
                 current = list(self._open)
             for connection in current:
                 connection.abort()
             remove_socket_file(self._bound)
+            self._say(self._refusals.flush())
             self.wait_idle(_JOIN_ON_STOP_S)
-            wake_read, wake_write = self._wake_read, self._wake_write
-            self._wake_read = self._wake_write = -1
-            os.close(wake_read)
-            os.close(wake_write)
+            with self._wake_lock:
+                wake_read, wake_write = self._wake_read, self._wake_write
+                self._wake_read = self._wake_write = -1
+                os.close(wake_read)
+                os.close(wake_write)
 
-    def _accept_all(self, listener: socket.socket) -> None:
-        while True:
+    def _select_timeout(self) -> float | None:
+        timeouts = [self._refusals.seconds_until_due()]
+        if self._resume_accept_at is not None:
+            timeouts.append(max(0.0, self._resume_accept_at - time.monotonic()))
+        known = [t for t in timeouts if t is not None]
+        return min(known) if known else None
+
+    def _watch_log(self, selector: selectors.BaseSelector) -> None:
+        """Watch the log's descriptor for writing exactly while it has lines waiting."""
+        log = self._drainable
+        if log is None:
+            return
+        watched = self._log_fd >= 0
+        fd = log.fileno() if log.pending else -1
+        if fd == self._log_fd:
+            return
+        if watched:
+            selector.unregister(self._log_fd)
+            self._log_fd = -1
+        if fd >= 0:
+            try:
+                selector.register(fd, selectors.EVENT_WRITE, _LOG)
+            except (OSError, ValueError):
+                return  # a descriptor the selector cannot watch: lines go out on later calls
+            self._log_fd = fd
+
+    def _accept_batch(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
+        # Bounded, and the stop flag is read before each accept: a flood that outpaces the loop
+        # must neither delay a stop nor starve the log and the refusal summaries.
+        for _ in range(ACCEPT_BATCH):
+            if self._stopping:
+                return
             try:
                 client, _ = listener.accept()
             except BlockingIOError:
@@ -136,17 +190,20 @@ class Proxy:
                     continue
                 # Out of descriptors or similar: say so, and let the backlog wait a moment.
                 self._log(f"accept failed: {exc.strerror}")
-                time.sleep(_ACCEPT_RETRY_S)
+                selector.unregister(listener)
+                self._resume_accept_at = time.monotonic() + _ACCEPT_PAUSE_S
                 return
+            self._accepted += 1
             self._admit(client)
 
+    def _resume_accepting(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
+        if self._resume_accept_at is not None and time.monotonic() >= self._resume_accept_at:
+            self._resume_accept_at = None
+            selector.register(listener, selectors.EVENT_READ, _ACCEPT)
+
     def _admit(self, client: socket.socket) -> None:
-        # Each refusal is logged before the close, so whoever sees the close can see the line.
         if not self._bucket.take():
-            self._log(
-                f"refused a connection: accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)"
-            )
-            client.close()
+            self._refuse(client, f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)")
             return
         with self._changed:
             full = len(self._open) >= self._limits.max_conns
@@ -164,8 +221,7 @@ class Proxy:
                 )
                 self._open.add(connection)
         if full:
-            self._log(f"refused a connection: {self._limits.max_conns} connections already open")
-            client.close()
+            self._refuse(client, f"{self._limits.max_conns} connections already open")
             return
         try:
             connection.start()
@@ -173,12 +229,35 @@ class Proxy:
             with self._changed:
                 self._open.discard(connection)
                 self._changed.notify_all()
-            self._log(f"refused a connection: {exc}")
-            client.close()
+            self._refuse(client, str(exc))
+
+    def _refuse(self, client: socket.socket, reason: str) -> None:
+        # The line (if this refusal gets one) goes out before the close, so whoever sees the
+        # close can see the line.
+        self._say(self._refusals.refused(reason))
+        client.close()
+
+    def _say(self, lines: list[str]) -> None:
+        for line in lines:
+            self._log(line)
+
+    def _wake(self) -> None:
+        wake = self._wake_write
+        if wake >= 0:
+            # A full pipe means a wake-up is already pending.
+            with contextlib.suppress(OSError):
+                os.write(wake, b"\0")
 
     def _connect_failed(self, address: Address, exc: OSError) -> None:
         reason = exc.strerror or str(exc) or type(exc).__name__
         self._log(f"closed a connection: upstream {address} unreachable ({reason})")
+        if self._drainable is not None and self._drainable.pending:
+            # Written from a connection thread: the accept loop must learn that lines wait. The
+            # lock keeps this write off a wake-up pipe that `serve` is closing (its number could
+            # already belong to someone else); `stop` cannot take it, being signal-safe, and
+            # needs none, as it runs on the serving thread or before the pipe is closed.
+            with self._wake_lock:
+                self._wake()
 
     def _finish(self, connection: Connection) -> None:
         with self._changed:
@@ -192,3 +271,9 @@ class Proxy:
             threads, self._finished = self._finished, []
         for thread in threads:
             thread.join()
+
+
+def _empty_pipe(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 4096):
+            pass

@@ -1,26 +1,96 @@
-"""The listening socket file: made safely, removed only if it is still ours.
+"""The listening socket file: made safely, removed only if it is still ours, never raced for.
 
 Invariants:
-- Only a socket file that nobody listens on is ever removed before binding. A live socket, or a
-  path that is not a socket (a regular file, a folder, a symlink to anything), stops the start and
-  is left untouched.
+- An exclusive advisory lock (`flock`) on PATH.lock is taken before the socket path is even
+  looked at, and held for the proxy's whole life, so two proxies never race for one path: the
+  second fails at once, naming the lock. The lock file is opened with O_NOFOLLOW (a symlink there
+  stops the start), must be a regular file of our own, and is created with mode 0600 so no other
+  user can open it to hold the lock against us.
+- The lock file is left in place on the way out. Unlinking a lock file that others may have open
+  lets a waiting proxy lock the unlinked inode while a third creates and locks a new file at the
+  same path, and both believe they hold the path. An empty 0600 file is the price of that safety.
+- Only a socket file that is ours (same uid) and that no socket is bound to is ever removed
+  before binding. Whether a socket is bound is asked with a datagram connect: the kernel answers
+  "refused" only when no socket at all is bound to the file, and "wrong type" for a stream
+  socket that is bound, listening or not yet. So a socket that another process has bound but not
+  yet put into listen is never taken over, and a live server is never connected to by the probe.
+- A live socket, another user's socket, or a path that is not a socket (a regular file, a
+  folder, a symlink to anything) stops the start and is left untouched.
 - The file is created with mode 0600: `bind` runs under umask 0o177, so there is no moment in
   which another user could connect. The mode is then checked, not fixed up afterwards.
-- On the way out, the path is unlinked only if it is still a socket with the inode we bound.
+- On the way out, the path is unlinked only if it is still a socket with the inode we bound, and
+  only then is the lock released, so a successor never meets our socket file.
 """
 
 import errno
+import fcntl
 import os
 import socket
 import stat
 from dataclasses import dataclass
 
 _BIND_UMASK = 0o177
-_PROBE_TIMEOUT_S = 1.0
+_LOCK_SUFFIX = ".lock"
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 class SocketFileError(Exception):
     """The socket file cannot be set up; the message says why in one line."""
+
+
+class PathLock:
+    """The exclusive lock on PATH.lock; `release` closes it, once, whoever calls it how often."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing the last descriptor of the open file drops the flock
+
+
+def lock_path_for(path: str) -> str:
+    return path + _LOCK_SUFFIX
+
+
+def lock_socket_path(path: str) -> PathLock:
+    """Take the lock that makes `path` ours to bind; SocketFileError if anyone else holds it."""
+    lock_path = lock_path_for(path)
+    try:
+        fd = os.open(lock_path, _LOCK_FLAGS, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SocketFileError(f"{lock_path} is a symlink; refusing to start (left untouched)") from exc
+        raise SocketFileError(f"cannot open the lock file {lock_path}: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SocketFileError(
+                f"{lock_path} exists and is {_describe(st.st_mode)}, not a regular file; refusing to start"
+            )
+        if st.st_uid != os.geteuid():
+            raise SocketFileError(
+                f"{lock_path} belongs to uid {st.st_uid}, not to us (uid {os.geteuid()}); refusing to start"
+            )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise SocketFileError(f"another inferproxy holds {lock_path}; refusing to start") from exc
+        except OSError as exc:
+            raise SocketFileError(f"cannot lock {lock_path}: {exc.strerror}") from exc
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            # Ours and locked: close the door on other users holding it against a later start.
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return PathLock(lock_path, fd)
 
 
 @dataclass(frozen=True)
@@ -29,10 +99,20 @@ class BoundSocket:
     path: str
     dev: int
     ino: int
+    lock: PathLock
 
 
 def bind_socket_file(path: str, backlog: int = socket.SOMAXCONN) -> BoundSocket:
-    """Clear a stale socket at `path`, bind a listening Unix socket there with mode 0600."""
+    """Lock `path`, clear a stale socket there, bind a listening Unix socket with mode 0600."""
+    lock = lock_socket_path(path)
+    try:
+        return _bind_locked(path, backlog, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _bind_locked(path: str, backlog: int, lock: PathLock) -> BoundSocket:
     _clear_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -58,11 +138,21 @@ def bind_socket_file(path: str, backlog: int = socket.SOMAXCONN) -> BoundSocket:
         if isinstance(exc, OSError):
             raise SocketFileError(f"cannot listen on {path}: {exc.strerror}") from exc
         raise
-    return BoundSocket(sock=sock, path=path, dev=st.st_dev, ino=st.st_ino)
+    return BoundSocket(sock=sock, path=path, dev=st.st_dev, ino=st.st_ino, lock=lock)
 
 
 def remove_socket_file(bound: BoundSocket) -> bool:
-    """Unlink the socket file if the path still names the inode we bound; return whether it did."""
+    """Unlink the socket file if the path still names the inode we bound, then release the lock.
+
+    Returns whether it unlinked. Safe to call again: the lock is released once.
+    """
+    try:
+        return _remove_if_ours(bound)
+    finally:
+        bound.lock.release()
+
+
+def _remove_if_ours(bound: BoundSocket) -> bool:
     try:
         st = os.lstat(bound.path)
     except FileNotFoundError:
@@ -84,8 +174,12 @@ def _clear_stale(path: str) -> None:
         raise SocketFileError(
             f"{path} exists and is {_describe(st.st_mode)}, not a socket; refusing to start (left untouched)"
         )
-    if _is_live(path):
-        raise SocketFileError(f"a process is listening on {path}; refusing to start")
+    if st.st_uid != os.geteuid():
+        raise SocketFileError(
+            f"{path} is a socket of uid {st.st_uid}, not ours (uid {os.geteuid()}); refusing to start (left untouched)"
+        )
+    if _is_bound(path):
+        raise SocketFileError(f"a process has a socket bound at {path}; refusing to start (left untouched)")
     try:
         again = os.lstat(path)
     except FileNotFoundError:
@@ -102,22 +196,24 @@ def _clear_stale(path: str) -> None:
         raise SocketFileError(f"{path} changed while starting; left untouched")
 
 
-def _is_live(path: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(_PROBE_TIMEOUT_S)
+def _is_bound(path: str) -> bool:
+    """Whether any socket is bound to the file at `path`, listening or not."""
+    # A datagram probe never reaches a stream server's accept queue, and only "refused" means
+    # that no socket is bound: a bound stream socket answers "wrong type" even before listen.
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         probe.connect(path)
-    except ConnectionRefusedError:
-        return False
-    except FileNotFoundError:
+    except (ConnectionRefusedError, FileNotFoundError):
         return False
     except OSError as exc:
-        # A full backlog or a permission problem: cannot tell, so do not touch it.
+        if exc.errno == errno.EPROTOTYPE:
+            return True
+        # A permission problem or similar: cannot tell, so do not touch it.
         reason = exc.strerror or type(exc).__name__
         raise SocketFileError(f"cannot tell whether {path} is in use ({reason}); refusing to start") from exc
     finally:
         probe.close()
-    return True
+    return True  # a datagram socket is bound there
 
 
 def _describe(mode: int) -> str:

@@ -175,6 +175,39 @@ def black_hole() -> Iterator[Address]:
         listener.close()
 
 
+def knock(path: str) -> bool:
+    """One client into the backlog of the Unix socket at `path` without waiting, closed at once.
+
+    False when the backlog is full; FileNotFoundError or ConnectionRefusedError once nothing is
+    there to knock on. The proxy still accepts the client (and sees it gone).
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.setblocking(False)
+        try:
+            client.connect(path)
+        except BlockingIOError:
+            return False
+    return True
+
+
+def fill_pipe(link: str) -> int:
+    """Fill the pipe that `link` names (a /proc/PID/fd/N path) to the last byte; return how many.
+
+    Written through a non-blocking description of our own, so the pipe's other holders keep
+    their own (blocking) descriptions unchanged: this is a stderr that nobody has read for a while.
+    """
+    fd = os.open(link, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    written = 0
+    try:
+        for size in (4096, 1):  # then byte by byte, so not even a short line fits
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    written += os.write(fd, b"." * size)
+    finally:
+        os.close(fd)
+    return written
+
+
 def unused_port() -> Address:
     """An address on loopback where nothing listens (connects are refused)."""
     with socket.create_server((LOOPBACK, 0)) as probe:
