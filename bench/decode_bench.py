@@ -29,8 +29,8 @@ from common import SRC, StackResult, Stream, fake_server, interleaved, recorded_
 
 sys.path.insert(0, str(SRC))
 
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from adapters.uds_http.transport import UdsTransport
+from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from ports.transport import TIMED_OUT
 
 CHAT_PATH = "/v1/chat/completions"

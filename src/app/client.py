@@ -2,19 +2,22 @@
 
 The life of one request (the brief, section 4):
 
-    gate -> open + send -> first-byte wait (a /slots poll each poll_ms) -> events under the
-    liveness limit -> thinking cap (reasoning_end on a second connection) -> Completion
+    gate -> open + send -> first-byte wait (a /slots poll each poll_ms) -> the stream, pumped
+    through `domain.chat_stream` (liveness, thinking cap: reasoning_end on a second connection)
+    -> Completion
+
+This module is the use case only: every rule lives in a domain object (`FirstByteWait`,
+`ChatStream`, `RetryPolicy`, `SlotGate`), every byte of llama-server's API in
+`domain.llama_api`, and the I/O behind the `Transport` and `SlotProbe` ports.
 
 Invariants:
-- Every read has a deadline, so no path can hang: before the response head the deadline is the
-  next poll; from the head on (llama-server sends it only when it starts our request, so it is
-  the brief's "first byte"), the liveness limit. Only data events (progress, deltas) restart the
-  liveness timer; keep-alive comments and partial lines move no deadline.
-- Nothing is returned before the final chunk (the one with `finish_reason`); a stream that ends
-  after it without `[DONE]` is complete, one that ends before it is `StreamClosedEarly`. Every
-  error closes the stream's connection (which cancels generation on the server) and releases
-  the slot gate.
-- A retry sends the very same bytes: the body is rendered once per `chat_with_retry` call.
+- Every read has a deadline, so no path can hang: before the response head, the next poll; from
+  the head on (llama-server sends it only when it starts our request, so it is the brief's
+  "first byte"), the silence the stream allows.
+- Nothing is returned before the final chunk. Every error closes the stream's connection (which
+  cancels generation on the server) and releases the slot gate.
+- A retry sends the very same bytes: the body is rendered once per `chat_with_retry` call, and
+  each attempt goes back through the slot gate (never held across a retry wait).
 - Every call names the model (`?model=` on a GET, `model` in a POST body) so that a llama-server
   router routes it; a single-model server ignores it.
 """
@@ -25,13 +28,13 @@ from collections.abc import Callable
 
 import orjson
 
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
-from app.config import Limits
-from domain.assembler import Assembler
+from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion
-from domain.errors import HttpError, InferError, ProtocolError, RequestError, Stalled
-from domain.events import ChatEvent, Retrying, ThinkingCapped
+from domain.errors import HttpError, InferError, ProtocolError, RequestError
+from domain.events import ChatEvent, Retrying
+from domain.fetch import FetchLimits, error_body, fetch
 from domain.gate import SlotGate
+from domain.limits import ClientLimits
 from domain.llama_api import (
     CHAT_PATH,
     CONTROL_PATH,
@@ -50,13 +53,12 @@ from domain.llama_api import (
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, build_control_body
 from domain.retry import RetryPolicy
-from domain.thinking import Action, ThinkingCap
-from domain.waiting import FirstByteWait, Liveness
+from domain.waiting import FirstByteWait
 from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
 
-EventSink = Callable[[ChatEvent], None]
-
 __all__ = ["Client", "EventSink", "Props", "SlotInfo", "Token"]
+
+EventSink = Callable[[ChatEvent], None]
 
 
 class Client:
@@ -71,8 +73,8 @@ class Client:
         gate: SlotGate,
         retry_policy: RetryPolicy,
         request_settings: RequestSettings,
-        limits: Limits,
-        total_slots: int | None = None,
+        limits: ClientLimits,
+        total_slots: int | None,
     ) -> None:
         self._transport = transport
         self._probe = probe
@@ -82,6 +84,11 @@ class Client:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
+        liveness_s = limits.stream.liveness_ms / 1000.0
+        # Info calls may meet a router loading the model; the control call is made while the
+        # stream is not read, so it gets the liveness limit.
+        self._info = FetchLimits(limits.load_wait_ms / 1000.0, liveness_s, limits.body_bytes, limits.error_body_bytes)
+        self._control = FetchLimits(liveness_s, liveness_s, limits.body_bytes, limits.error_body_bytes)
 
     # -- chat ---------------------------------------------------------------------------------
 
@@ -106,8 +113,7 @@ class Client:
                 with self._gate.hold(req.slot, on_event):
                     return self._attempt(req.slot, body, on_event)
             except InferError as error:
-                elapsed_ms = (self._clock.now() - started) * 1000.0
-                decision = self._retry.decide(attempt, error, elapsed_ms)
+                decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
                 if not decision.retry:
                     raise
                 attempt = decision.attempt
@@ -125,25 +131,28 @@ class Client:
         return self._total_slots
 
     def _attempt(self, slot: int, body: bytes, on_event: EventSink) -> Completion:
-        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=self._limits.poll_ms / 1000.0)
+        limits = self._limits
+        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0)
         try:
             head = self._await_head(exchange, slot, on_event)
             if head.status != 200:
-                raise HttpError(head.status, self._error_body(exchange), self._limits.error_body_bytes)
+                deadline = self._clock.now() + limits.stream.liveness_ms / 1000.0
+                raise HttpError(
+                    head.status,
+                    error_body(exchange, self._clock, deadline, limits.error_body_bytes),
+                    limits.error_body_bytes,
+                )
             kind = head.header("content-type")
             if kind is not None and not kind.lower().startswith("text/event-stream"):
                 # A whole answer where a stream was asked for would read as a stream without its
                 # final chunk and be retried; it is a server that ignored `stream: true`.
                 raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
-            return self._stream(exchange, on_event)
+            return self._pump(exchange, on_event)
         finally:
             exchange.close()
 
     def _await_head(self, exchange: Exchange, slot: int, on_event: EventSink) -> ResponseHead:
-        """Wait for the response head, asking `/slots` each `poll_ms` and emitting `Waiting`.
-
-        llama-server sends no byte (no head, no ping) while the request is queued, and sends the
-        head only when it starts the request, so the head is the brief's "first byte"."""
+        """Wait for the response head, asking `/slots` each `poll_ms` and emitting `Waiting`."""
         limits = self._limits
         clock = self._clock
         wait = FirstByteWait(
@@ -163,84 +172,42 @@ class Client:
             if decision.error is not None:
                 raise decision.error
 
-    def _stream(self, exchange: Exchange, on_event: EventSink) -> Completion:
-        """Read the stream to its final chunk under the liveness limit, with the thinking cap.
-
-        The hot path: one read, one decoder feed, one orjson parse and one assembler feed per
-        chunk, two clock reads per read. A read's deadline is the silence left since the
-        generation last advanced (the assembler's `advanced`); anything else (a keep-alive
-        comment, part of a line, a chunk that carries nothing new) moves no deadline, so no flood
-        of empty events keeps a dead stream alive. The final chunk returns the answer at once:
-        nothing after it is read, so nothing after it can change the answer."""
-        limits = self._limits
+    def _pump(self, exchange: Exchange, on_event: EventSink) -> Completion:
+        """Read with the deadline the stream gives, feed it, act on its steps."""
         clock = self._clock
         read = exchange.read
-        decoder = SseDecoder(max_line=limits.sse_line_bytes)
-        feed = decoder.feed
-        assembler = Assembler(max_answer_bytes=limits.answer_bytes, max_predicted=self._settings.max_tokens)
-        assemble = assembler.feed
-        cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
-        liveness = Liveness(limits.liveness_ms, clock.now())
+        stream = ChatStream(self._limits.stream, self._settings.max_tokens, clock.now())
         while True:
-            data = read(liveness.timeout(clock.now()))
-            arrived = clock.now()
+            data = read(stream.timeout(clock.now()))
             if isinstance(data, TimedOut):
-                if liveness.expired(arrived):
-                    raise liveness.error(arrived)
+                stream.silence(clock.now())
                 continue
-            if not data:
-                decoder.end()  # raises a decoder failure still pending
-                return assembler.result(thinking_capped=cap.capped)
-            advanced = False
-            for event in feed(data):
-                if type(event) is SseData:
-                    for out in assemble(parse_chunk(event.data)):
-                        on_event(out)
-                    if assembler.finished:
-                        return assembler.result(thinking_capped=cap.capped)
-                    if assembler.advanced:
-                        advanced = True
-                        if assembler.in_reasoning:
-                            self._check_thinking(cap, assembler, exchange, on_event)
-                elif type(event) is SseDone:
-                    return assembler.result(thinking_capped=cap.capped)
-            if advanced:
-                liveness.on_data(arrived)
-            elif liveness.expired(arrived):
-                raise liveness.error(arrived)
+            for step in stream.feed(data, clock.now()):
+                if isinstance(step, Completion):
+                    return step
+                if isinstance(step, PostReasoningEnd):
+                    on_event(stream.control_answered(self._post_reasoning_end(step.completion_id)))
+                elif isinstance(step, InferError):
+                    raise step
+                else:
+                    on_event(step)
 
-    def _check_thinking(self, cap: ThinkingCap, assembler: Assembler, exchange: Exchange, on_event: EventSink) -> None:
-        action = cap.observe(assembler.reasoning_tokens, assembler.in_reasoning)
-        if action is Action.POST_REASONING_END:
-            answer = self._post_reasoning_end(assembler.completion_id)
-            if cap.control_answer(answer is None) is Action.OVERRUN:
-                exchange.close()
-                raise cap.control_error(answer or "")
-            on_event(ThinkingCapped(tokens=assembler.reasoning_tokens))
-        elif action is Action.OVERRUN:
-            exchange.close()
-            raise cap.overrun_error(assembler.reasoning_tokens)
-
-    def _post_reasoning_end(self, completion_id: str | None) -> str | None:
+    def _post_reasoning_end(self, completion_id: str) -> str | None:
         """Ask the server to end the thinking block on a second connection: None when it answers
         `{"success": true}`, else what went wrong."""
-        if completion_id is None:
-            return "the stream carried no completion id"
         try:
-            # The stream is not read meanwhile, so the call gets the liveness limit, not a load wait.
             body = build_control_body(completion_id, self._settings.model)
-            answer = self._request("POST", CONTROL_PATH, body, wait_ms=self._limits.liveness_ms)
+            return control_refusal(fetch(self._transport, self._clock, "POST", CONTROL_PATH, body, self._control))
         except InferError as exc:
             return f"{type(exc).__name__}: {exc}"
-        return control_refusal(answer)
 
     # -- info ---------------------------------------------------------------------------------
 
     def props(self) -> Props:
-        return parse_props(self._request("GET", with_model(PROPS_PATH, self._settings.model)))
+        return parse_props(self._get(PROPS_PATH))
 
     def slots(self) -> list[SlotInfo]:
-        return parse_slots(self._request("GET", with_model(SLOTS_PATH, self._settings.model)))
+        return parse_slots(self._get(SLOTS_PATH))
 
     def tokenize(self, text: str) -> list[Token]:
         if type(text) is not str:
@@ -249,46 +216,7 @@ class Client:
             body = orjson.dumps({"content": text, "with_pieces": True, "model": self._settings.model})
         except orjson.JSONEncodeError as exc:
             raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
-        return parse_tokens(self._request("POST", TOKENIZE_PATH, body))
+        return parse_tokens(fetch(self._transport, self._clock, "POST", TOKENIZE_PATH, body, self._info))
 
-    def _request(self, method: str, path: str, body: bytes | None = None, *, wait_ms: int | None = None) -> bytes:
-        """A small request whose answer is one body (not a stream). Its head must come within
-        `wait_ms` (by default `load_wait_ms`: a router may be loading the model), else `Stalled`;
-        its body, or an error body, within `liveness_ms` more in all."""
-        limits = self._limits
-        wait_ms = limits.load_wait_ms if wait_ms is None else wait_ms
-        exchange = self._transport.open(method, path, body, timeout=limits.poll_ms / 1000.0)
-        try:
-            deadline = self._clock.now() + wait_ms / 1000.0
-            while True:
-                head = exchange.head(max(0.0, min(limits.poll_ms / 1000.0, deadline - self._clock.now())))
-                if not isinstance(head, TimedOut):
-                    break
-                if self._clock.now() >= deadline:
-                    raise Stalled(f"{method} {path}: no answer within {wait_ms} ms")
-            if head.status != 200:
-                raise HttpError(head.status, self._error_body(exchange), limits.error_body_bytes)
-            return exchange.read_all(limits.body_bytes, limits.liveness_ms / 1000.0)
-        finally:
-            exchange.close()
-
-    def _error_body(self, exchange: Exchange) -> bytes:
-        """Up to `error_body_bytes` of an error answer, read within `liveness_ms` in all; a body
-        that is longer, slower or cut short is kept as far as it came, never an error: the status
-        is the news."""
-        limit = self._limits.error_body_bytes
-        clock = self._clock
-        deadline = clock.now() + self._limits.liveness_ms / 1000.0
-        kept = bytearray()
-        try:
-            while len(kept) < limit:
-                left = deadline - clock.now()
-                if left <= 0.0:
-                    break
-                piece = exchange.read(left)
-                if isinstance(piece, TimedOut) or not piece:
-                    break
-                kept += piece
-        except InferError:
-            pass
-        return bytes(kept[:limit])
+    def _get(self, path: str) -> bytes:
+        return fetch(self._transport, self._clock, "GET", with_model(path, self._settings.model), None, self._info)

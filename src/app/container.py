@@ -15,7 +15,9 @@ from adapters.uds_http.slot_probe import UdsSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from app.client import Client
 from app.config import Config
+from domain.chat_stream import StreamLimits
 from domain.gate import SlotGate
+from domain.limits import ClientLimits
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
 
@@ -33,6 +35,25 @@ def request_settings(config: Config) -> RequestSettings:
         top_k=s.top_k,
         min_p=s.min_p,
         seed=s.seed,
+    )
+
+
+def client_limits(config: Config) -> ClientLimits:
+    lim = config.limits
+    return ClientLimits(
+        poll_ms=lim.poll_ms,
+        busy_wait_ms=lim.busy_wait_ms,
+        load_wait_ms=lim.load_wait_ms,
+        idle_grace_ms=lim.idle_grace_ms,
+        body_bytes=lim.body_bytes,
+        error_body_bytes=lim.error_body_bytes,
+        stream=StreamLimits(
+            liveness_ms=lim.liveness_ms,
+            sse_line_bytes=lim.sse_line_bytes,
+            answer_bytes=lim.answer_bytes,
+            thinking_cap=lim.thinking_cap,
+            thinking_overrun=lim.thinking_overrun,
+        ),
     )
 
 
@@ -76,6 +97,6 @@ class Container(containers.DeclarativeContainer):
         gate=gate,
         retry_policy=providers.Callable(retry_policy, config, rng),
         request_settings=providers.Callable(request_settings, config),
-        limits=config.provided.limits,
+        limits=providers.Callable(client_limits, config),
         total_slots=providers.Callable(total_slots, config),
     )

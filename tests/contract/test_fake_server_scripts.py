@@ -32,9 +32,9 @@ from adapters.fake_server import (
     split_recorded,
     sse_reply,
 )
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone
 from adapters.uds_http.transport import UdsTransport
 from domain.errors import StreamClosedEarly
+from domain.sse import SseData, SseDecoder, SseDone
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(30)

@@ -12,8 +12,8 @@ import pytest
 from adapters.fake_server import FakeClock, FakeServer, ScriptedTransport, raw_reply, split_recorded
 from adapters.uds_http.body import ChunkedBody
 from adapters.uds_http.slot_probe import UdsSlotProbe
-from adapters.uds_http.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
 from adapters.uds_http.transport import UdsTransport
+from domain.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
 from ports import Exchange, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 

@@ -19,10 +19,10 @@ from typing import Any
 import llama  # the support module beside this file (conftest puts it on the path)
 import pytest
 
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
 from domain.completion import FinishReason
 from domain.request import build_chat_body
+from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from transcripts import case_params, index, load_case, request_from
 
 pytestmark = pytest.mark.device

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.uds_http.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.assembler import Assembler
 from domain.completion import Completion, FinishReason
 from domain.events import Content, Progress, Reasoning
+from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from transcripts import Case, case_params, load_case
 
 

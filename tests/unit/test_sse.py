@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.uds_http.sse import SseComment, SseData, SseDecoder, SseDone, SseEvent, parse_chunk
 from domain.errors import HttpError, InferError, ProtocolError
+from domain.sse import SseComment, SseData, SseDecoder, SseDone, SseEvent, parse_chunk
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,17 +1,6 @@
-"""HTTP/1.1 and SSE over a Unix socket: the real `Transport` and `SlotProbe`."""
+"""HTTP/1.1 over a Unix socket: the real `Transport` and `SlotProbe`."""
 
 from adapters.uds_http.slot_probe import UdsSlotProbe
-from adapters.uds_http.sse import SseComment, SseData, SseDecoder, SseDone, SseEvent, parse_chunk
 from adapters.uds_http.transport import UdsExchange, UdsTransport
 
-__all__ = [
-    "SseComment",
-    "SseData",
-    "SseDecoder",
-    "SseDone",
-    "SseEvent",
-    "UdsExchange",
-    "UdsSlotProbe",
-    "UdsTransport",
-    "parse_chunk",
-]
+__all__ = ["UdsExchange", "UdsSlotProbe", "UdsTransport"]
