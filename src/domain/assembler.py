@@ -171,35 +171,7 @@ class Assembler:
         choice = choices[0]
         delta = choice.get("delta")
         if delta:
-            text = delta.get("reasoning_content")
-            if text is not None:
-                if type(text) is not str:
-                    raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
-                if text:
-                    self._grow(text)
-                    self.in_reasoning = True
-                    self.advanced = True
-                    self._reasoning.append(text)
-                    self._reasoning_chunks += 1
-                    tokens = max(self.reasoning_tokens, self._reasoning_chunks)
-                    if type(predicted) is int and predicted > tokens:
-                        tokens = predicted
-                    self.reasoning_tokens = tokens
-                    events = (*events, Reasoning(text))
-            text = delta.get("content")
-            if text is not None:
-                if type(text) is not str:
-                    raise ProtocolError(f"content is a {type(text).__name__}, not a string")
-                if text:
-                    self._grow(text)
-                    self.in_reasoning = False
-                    self.advanced = True
-                    self._content.append(text)
-                    events = (*events, Content(text))
-            calls = delta.get("tool_calls")
-            if calls:
-                self.in_reasoning = False
-                events = (*events, *self._tool_deltas(calls))
+            events = self._delta(delta, predicted, events)
         reason = choice.get("finish_reason")
         if reason is not None:
             finish = _FINISH.get(reason)
@@ -209,6 +181,39 @@ class Assembler:
             self.finished = True
             self.advanced = True
             self.in_reasoning = False
+        return events
+
+    def _delta(self, delta: dict[str, Any], predicted: object, events: tuple[ChatEvent, ...]) -> tuple[ChatEvent, ...]:
+        """The events of one choice's `delta`, appended to `events`."""
+        text = delta.get("reasoning_content")
+        if text is not None:
+            if type(text) is not str:
+                raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
+            if text:
+                self._grow(text)
+                self.in_reasoning = True
+                self.advanced = True
+                self._reasoning.append(text)
+                self._reasoning_chunks += 1
+                tokens = max(self.reasoning_tokens, self._reasoning_chunks)
+                if type(predicted) is int and predicted > tokens:
+                    tokens = predicted
+                self.reasoning_tokens = tokens
+                events = (*events, Reasoning(text))
+        text = delta.get("content")
+        if text is not None:
+            if type(text) is not str:
+                raise ProtocolError(f"content is a {type(text).__name__}, not a string")
+            if text:
+                self._grow(text)
+                self.in_reasoning = False
+                self.advanced = True
+                self._content.append(text)
+                events = (*events, Content(text))
+        calls = delta.get("tool_calls")
+        if calls:
+            self.in_reasoning = False
+            events = (*events, *self._tool_deltas(calls))
         return events
 
     def _progress(self, progress: dict[str, Any]) -> Progress:

@@ -131,6 +131,45 @@ def test_core_layers_import_no_adapter_app_container_or_network_module(layer: st
     assert offenders == []
 
 
+def test_the_client_imports_no_adapter_module() -> None:
+    # The data path reads in one direction: the client decides through the domain and reaches
+    # the world only through the ports the container hands it.
+    offenders = [
+        f"app/client.py:{line}: {module}"
+        for line, module in imported_modules(SRC / "app" / "client.py")
+        if module == "adapters" or module.startswith("adapters.") or module.startswith("app.")
+    ]
+    assert offenders == []
+
+
+MAX_FUNCTION_LINES = 70
+
+
+def long_functions(source: str) -> list[str]:
+    return [
+        f"{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+def test_no_function_is_longer_than_can_be_read_at_once() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)}:{where}"
+        for path in python_files(SRC)
+        for where in long_functions(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
+
+
+def test_the_length_rule_counts_a_function_from_its_def_to_its_last_line() -> None:
+    body = "\n".join(f"    x = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    assert long_functions(f"def f():\n{body}\n") == []
+    assert long_functions(f"def f():\n{body}\n    y = 0\n") == [f"1: f ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
 def test_ports_import_only_the_standard_library() -> None:
     allowed_roots = {"__future__", "typing", "enum", "dataclasses", "collections", "abc", "ports"}
     offenders = [
