@@ -66,10 +66,13 @@ class RetryDecision:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    attempts: int = 4
-    delays_ms: tuple[int, ...] = (2000, 8000, 30_000)
-    jitter: float = 0.25
-    total_ms: int = 300_000
+    """The schedule; every setting is required (the brief's values are the config's defaults).
+    `rng` defaults to a fresh unseeded source, so clients restarted together do not retry in step."""
+
+    attempts: int
+    delays_ms: tuple[int, ...]
+    jitter: float
+    total_ms: int
     rng: Uniform = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
+from app.config import parse_config
+from app.container import Container
 from domain.errors import (
     Busy,
     ConnectError,
@@ -38,8 +41,12 @@ class FixedUniform:
         return a + (b - a) * self.at
 
 
+# The brief's schedule, which the config gives by default (pinned in test_config_bounds).
+BRIEF: dict[str, Any] = {"attempts": 4, "delays_ms": (2000, 8000, 30_000), "jitter": 0.25, "total_ms": 300_000}
+
+
 def policy(at: float = 0.5, **kwargs: object) -> RetryPolicy:
-    return RetryPolicy(rng=FixedUniform(at), **kwargs)  # type: ignore[arg-type]
+    return RetryPolicy(**{**BRIEF, "rng": FixedUniform(at), **kwargs})
 
 
 @pytest.mark.parametrize(
@@ -94,7 +101,7 @@ def test_jitter_is_plus_minus_25_percent(at: float, after_ms: int) -> None:
 
 def test_seeded_random_source_gives_a_reproducible_schedule_inside_the_jitter() -> None:
     def schedule(seed: int) -> list[int]:
-        p = RetryPolicy(rng=random.Random(seed))
+        p = RetryPolicy(**BRIEF, rng=random.Random(seed))
         return [p.decide(n, Stalled("s"), 0).after_ms for n in (1, 2, 3)]
 
     assert schedule(7) == schedule(7)
@@ -128,7 +135,7 @@ def test_last_delay_repeats_when_there_are_more_attempts_than_delays() -> None:
 
 
 def test_zero_jitter_waits_exactly_the_delay() -> None:
-    p = RetryPolicy(jitter=0.0, rng=random.Random(1))
+    p = RetryPolicy(**{**BRIEF, "jitter": 0.0}, rng=random.Random(1))
     assert p.decide(1, ConnectError("x"), 0).after_ms == 2000
 
 
@@ -138,7 +145,7 @@ def test_zero_jitter_waits_exactly_the_delay() -> None:
 )
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+        RetryPolicy(**{**BRIEF, **kwargs})
 
 
 def test_attempt_numbers_start_at_one() -> None:
@@ -168,8 +175,12 @@ def test_client_loop_shape_gives_retrying_events_and_stops_at_the_budget() -> No
 # -- pinned details a careless change would slip past ---------------------------------------------
 
 
-def test_the_defaults_are_the_briefs() -> None:
-    p = RetryPolicy()
+def test_a_policy_has_no_schedule_of_its_own_and_the_containers_is_the_briefs() -> None:
+    # A default lives only in the config: the policy needs every setting, and the one the
+    # container builds from a config that sets none is the brief's.
+    with pytest.raises(TypeError):
+        RetryPolicy()  # type: ignore[call-arg]
+    p = Container(config=parse_config({"socket": "/nonexistent/infer.sock"})).client()._retry
     assert (p.attempts, p.delays_ms, p.jitter, p.total_ms) == (4, (2000, 8000, 30_000), 0.25, 300_000)
 
 
@@ -177,10 +188,10 @@ def test_default_random_sources_are_independent_and_unseeded() -> None:
     # Clients restarted together must not retry in step: two default policies draw different
     # waits (three draws over ranges of 1001, 4001 and 15001 values; a tie is out of reach).
     def schedule() -> list[int]:
-        p = RetryPolicy()
+        p = RetryPolicy(**BRIEF)
         return [p.decide(n, Stalled("s"), 0).after_ms for n in (1, 2, 3)]
 
-    assert RetryPolicy().rng is not RetryPolicy().rng
+    assert RetryPolicy(**BRIEF).rng is not RetryPolicy(**BRIEF).rng
     assert schedule() != schedule()
 
 
@@ -213,7 +224,7 @@ def test_a_zero_delay_is_allowed_and_retries_at_once() -> None:
 )
 def test_more_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+        RetryPolicy(**{**BRIEF, **kwargs})
 
 
 def test_a_refusal_says_why_and_carries_no_attempt_or_wait() -> None:
