@@ -69,6 +69,16 @@ def stream_error(obj: object, body: str) -> HttpError:
     return HttpError(status, body)
 
 
+class Cancelled(InferError):
+    """The caller cancelled the call (`CancelToken.cancel()`); its connections were closed, so
+    the server stopped generating, and its place at the slot gate was given up."""
+
+
+class ClientClosed(Cancelled):
+    """The client was closed: a call in flight or queued was ended, or a new one refused
+    without touching the server."""
+
+
 class ProtocolError(InferError):
     """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what."""
 

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from domain.cancel import CancelToken
 from domain.errors import Busy
 from domain.events import ChatEvent, Queued
 
@@ -68,47 +69,79 @@ class SlotGate:
             return state is not None and state.holder is not None
 
     @contextmanager
-    def hold(self, slot: int, on_event: Callable[[ChatEvent], None]) -> Iterator[None]:
-        """Hold `slot` for the `with` block; `Busy` at once if its queue is full."""
+    def hold(
+        self, slot: int, on_event: Callable[[ChatEvent], None], cancel: CancelToken | None = None
+    ) -> Iterator[None]:
+        """Hold `slot` for the `with` block; `Busy` at once if its queue is full; the token's
+        error (`Cancelled`) if it is cancelled while queued."""
+        ticket = self.enter(slot)
+        try:
+            ahead = ticket.ahead
+            while ahead:
+                on_event(Queued(ahead))
+                ahead = self.wait(ticket, cancel)
+            yield
+        finally:
+            self.leave(ticket)
+
+    def enter(self, slot: int) -> Ticket:
+        """Take a place for `slot`: held at once (`ahead == 0`) or queued; `Busy` if full. Every
+        ticket must be given back with `leave`, whatever happens."""
         if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
             raise ValueError(f"slot must be a non-negative integer, not {slot!r}")
-        ticket = object()
         with self._lock:
             state = self._slots.get(slot)
             if state is None:
                 state = self._slots[slot] = _Slot(self._lock)
+            ticket = Ticket(state)
             if state.holder is None:
                 state.holder = ticket
-                ahead = 0
             elif len(state.waiters) >= self._queue_per_slot:
                 raise Busy(slot, len(state.waiters))
             else:
                 state.waiters.append(ticket)
-                ahead = len(state.waiters)
-        if ahead:
-            self._wait(state, ticket, ahead, on_event)
-        try:
-            yield
-        finally:
-            with self._lock:
-                state.release()
+                ticket.ahead = len(state.waiters)
+        return ticket
 
-    def _wait(self, state: _Slot, ticket: object, ahead: int, on_event: Callable[[ChatEvent], None]) -> None:
+    def wait(self, ticket: Ticket, cancel: CancelToken | None = None) -> int:
+        """Block until the ticket holds its slot (0) or moved up the queue (the new `ahead`);
+        raises the token's error if it is cancelled first (the caller then `leave`s)."""
+        state = ticket.state
+        forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
         try:
-            on_event(Queued(ahead))
-            while True:
-                with self._lock:
-                    while state.holder is not ticket and state.ahead_of(ticket) >= ahead:
-                        state.cond.wait()
-                    if state.holder is ticket:
-                        return
-                    ahead = state.ahead_of(ticket)
-                on_event(Queued(ahead))
-        except BaseException:
             with self._lock:
-                if state.holder is ticket:
-                    state.release()
-                else:
-                    state.waiters.remove(ticket)
-                    state.cond.notify_all()
-            raise
+                while state.holder is not ticket and state.ahead_of(ticket) >= ticket.ahead:
+                    if cancel is not None and cancel.cancelled:
+                        raise cancel.error()
+                    state.cond.wait()
+                ticket.ahead = 0 if state.holder is ticket else state.ahead_of(ticket)
+                return ticket.ahead
+        finally:
+            if forget is not None:
+                forget()
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give the place back: release the slot if held (handing it to the next waiter), else
+        leave the queue. Idempotent."""
+        state = ticket.state
+        with self._lock:
+            if state.holder is ticket:
+                state.release()
+            elif ticket in state.waiters:
+                state.waiters.remove(ticket)
+                state.cond.notify_all()
+
+    def _wake(self, state: _Slot) -> None:
+        with self._lock:
+            state.cond.notify_all()
+
+
+class Ticket:
+    """A caller's place at the gate: `ahead` is how many requests are before it (0: it holds
+    the slot)."""
+
+    __slots__ = ("ahead", "state")
+
+    def __init__(self, state: _Slot) -> None:
+        self.state = state
+        self.ahead = 0
