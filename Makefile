@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit llama-server model transcripts device demo bench clean
+.PHONY: test lint typecheck unit mutation llama-server model transcripts device demo bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,17 @@ unit: $(STAMP)
 test: lint typecheck
 	@if [ "$${INFERPATH_SKIP_DEVICE:-0}" != "1" ]; then $(MAKE) --no-print-directory llama-server model; fi
 	$(PY) -m pytest tests/unit tests/contract tests/device
+
+# Mutation testing of the domain, the client and the self-test against the unit and contract
+# tiers (not part of `make test`: it takes a while). mutmut works on a copy in ./mutants/, started
+# afresh each time so that it never tests a stale copy of a file edited since; the [tool.mutmut]
+# section of pyproject.toml says what is mutated and which tests run. Then one score per file.
+MUTATION_JOBS ?= 2
+
+mutation: $(STAMP)
+	rm -rf mutants
+	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	$(PY) scripts/mutation_report.py
 
 transcripts: llama-server model
 	$(PY) scripts/record_transcripts.py

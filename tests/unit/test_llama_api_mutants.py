@@ -1,0 +1,115 @@
+"""llama_api's readers: the exact words of their errors and the edges of what they accept."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from domain.errors import ProtocolError
+from domain.llama_api import (
+    SlotInfo,
+    Token,
+    control_refusal,
+    parse_props,
+    parse_slots,
+    parse_tokens,
+)
+
+SETTINGS = {"default_generation_settings": {"n_ctx": 4096}}
+
+
+def props(**fields: object) -> bytes:
+    return orjson.dumps({"chat_template": "{{ x }}", "total_slots": 2, **SETTINGS, **fields})
+
+
+def test_a_missing_count_is_called_missing() -> None:
+    raw = orjson.dumps({"chat_template": "t", **SETTINGS})
+    with pytest.raises(ProtocolError) as caught:
+        parse_props(raw)
+    assert str(caught.value) == "/props.total_slots is missing, not a positive integer"
+
+
+def test_a_zero_slot_count_is_refused_because_it_must_be_positive() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_props(props(total_slots=0))
+    assert str(caught.value) == "/props.total_slots is 0, not a positive integer"
+
+
+def test_a_slot_id_of_zero_is_a_valid_count() -> None:
+    assert parse_slots(b'[{"id": 0, "is_processing": false}]') == [SlotInfo(0, False)]
+
+
+def test_a_model_alias_that_is_not_text_reads_as_none() -> None:
+    parsed = parse_props(props(model_alias=5, model_path="/m.gguf"))
+    assert parsed.model_alias is None
+    assert parsed.model_path == "/m.gguf"
+
+
+def test_a_missing_template_is_called_missing() -> None:
+    raw = orjson.dumps({"total_slots": 1, **SETTINGS})
+    with pytest.raises(ProtocolError) as caught:
+        parse_props(raw)
+    assert str(caught.value) == "/props.chat_template is missing, not a string"
+
+
+def test_a_template_that_is_not_text_is_quoted_in_the_error() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_props(props(chat_template=5))
+    assert str(caught.value) == "/props.chat_template is 5, not a string"
+
+
+def test_a_slot_entry_that_is_not_an_object_is_named_by_its_index() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_slots(b'[{"id": 0, "is_processing": true}, 7]')
+    assert str(caught.value) == "/slots[1] is 7, not an object"
+
+
+@pytest.mark.parametrize(
+    ("n_ctx", "expected"),
+    [(1, 1), (4096, 4096), (0, None), (-5, None), ("4096", None), (True, None), (None, None)],
+)
+def test_a_slot_context_counts_only_when_it_is_a_positive_integer(n_ctx: object, expected: int | None) -> None:
+    raw = orjson.dumps([{"id": 3, "is_processing": True, "n_ctx": n_ctx}])
+    assert parse_slots(raw) == [SlotInfo(3, True, expected)]
+
+
+def test_tokens_that_are_not_a_list_are_named_in_the_error() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_tokens(b'{"tokens": {"id": 1}}')
+    assert str(caught.value) == "/tokenize.tokens is {'id': 1}, not a list"
+
+
+def test_a_byte_list_piece_takes_every_byte_value_from_0_to_255() -> None:
+    tokens = parse_tokens(b'{"tokens": [{"id": 1, "piece": [0, 104, 255]}]}')
+    assert tokens == [Token(1, "\x00h\ufffd", b"\x00h\xff")]
+
+
+@pytest.mark.parametrize("byte", [-1, 256])
+def test_a_byte_list_piece_with_a_value_outside_a_byte_is_refused(byte: int) -> None:
+    raw = orjson.dumps({"tokens": [{"id": 1, "piece": [104, byte]}]})
+    with pytest.raises(ProtocolError) as caught:
+        parse_tokens(raw)
+    assert str(caught.value) == f"/tokenize.tokens[0].piece is [104, {byte}], neither text nor a list of byte values"
+
+
+def test_a_byte_list_piece_reads_as_its_text_when_it_is_whole_utf8() -> None:
+    tokens = parse_tokens(orjson.dumps({"tokens": [{"id": 9, "piece": list("é".encode())}]}))
+    assert tokens == [Token(9, "é", "é".encode())]
+
+
+def test_a_refused_control_call_quotes_the_answer() -> None:
+    assert control_refusal(b'{"success": false}') == "the server answered {'success': False}"
+
+
+def test_a_control_answer_that_is_not_json_is_quoted_as_bytes() -> None:
+    assert control_refusal(b"busy") == "the server answered non-JSON b'busy'"
+
+
+def test_a_quoted_value_of_120_characters_is_shown_whole() -> None:
+    answer = "a" * 118  # its repr, quotes included, is 120 characters
+    assert control_refusal(orjson.dumps(answer)) == f"the server answered {answer!r}"
+
+
+def test_a_quoted_value_over_120_characters_is_cut_with_an_ellipsis() -> None:
+    answer = "a" * 119  # its repr is 121 characters
+    assert control_refusal(orjson.dumps(answer)) == f"the server answered {answer!r}"[:-1] + "..."
