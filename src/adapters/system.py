@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 
@@ -9,8 +10,10 @@ class SystemClock:
     def now(self) -> float:
         return time.monotonic()
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, wake: threading.Event | None = None) -> None:
         if seconds < 0:
             raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
-        if seconds:
+        if wake is not None:
+            wake.wait(seconds)
+        elif seconds:
             time.sleep(seconds)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, runtime_checkable
 
 
@@ -9,11 +10,12 @@ from typing import Protocol, runtime_checkable
 class Clock(Protocol):
     """A monotonic clock in seconds.
 
-    `now()` never goes backwards. `sleep(seconds)` returns after at least `seconds` have passed
-    on this clock (a fake clock advances itself instantly); `sleep(0)` returns at once and a
-    negative duration raises `ValueError`.
+    `now()` never goes backwards. `sleep(seconds, wake)` returns after at least `seconds` have
+    passed on this clock (a fake clock advances itself instantly), or as soon as the event `wake`
+    is set (at once if it already is); `sleep(0)` returns at once and a negative duration raises
+    `ValueError`.
     """
 
     def now(self) -> float: ...
 
-    def sleep(self, seconds: float) -> None: ...
+    def sleep(self, seconds: float, wake: threading.Event | None = None) -> None: ...

@@ -48,7 +48,7 @@ class HookedClock(FakeClock):
         super().__init__()
         self.during: Callable[[float], None] = lambda seconds: None
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, wake: object = None) -> None:
         self.during(seconds)
         super().sleep(seconds)
 

@@ -18,7 +18,7 @@ class StoppedClock:
     def now(self) -> float:
         return self.t
 
-    def sleep(self, seconds: float) -> None:
+    def sleep(self, seconds: float, wake: object = None) -> None:
         self.t += seconds
 
 

@@ -36,8 +36,9 @@ class FakeClock:
     def now(self) -> float:
         return self._now
 
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
+    def sleep(self, seconds: float, wake: threading.Event | None = None) -> None:
+        if wake is None or not wake.is_set():
+            self.advance(seconds)
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:
