@@ -24,14 +24,20 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+from collections.abc import Callable, Generator
+from types import TracebackType
 
 import orjson
 
+from app.event_stream import ChatSteps, EventStream, drive
+from domain.cache import cache_outcome
+from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
-from domain.completion import Completion
-from domain.errors import HttpError, InferError, ProtocolError, RequestError
-from domain.events import ChatEvent, Retrying
+from domain.completion import Completion, Timings
+from domain.errors import ClientClosed, HttpError, InferError, ProtocolError, RequestError
+from domain.events import ChatEvent, Queued, Retrying
 from domain.fetch import FetchLimits, error_body, fetch
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -56,13 +62,19 @@ from domain.retry import RetryPolicy
 from domain.waiting import FirstByteWait
 from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
 
-__all__ = ["Client", "EventSink", "Props", "SlotInfo", "Token"]
+__all__ = ["Client", "EventSink", "EventStream", "Props", "SlotInfo", "Token"]
 
 EventSink = Callable[[ChatEvent], None]
 
+log = logging.getLogger("inferpath.client")
+
+# `close()` waits this long for the calls it cancelled to return.
+CLOSE_WAIT_S = 0.3
+
 
 class Client:
-    """What the daemon calls. Built by `app.container.Container` from a `Config` alone."""
+    """What the daemon calls. Built by `app.container.Container` from a `Config` alone. Safe to
+    share between threads; `close()` (or leaving `with client:`) ends every call."""
 
     def __init__(
         self,
@@ -89,90 +101,165 @@ class Client:
         # stream is not read, so it gets the liveness limit.
         self._info = FetchLimits(limits.load_wait_ms / 1000.0, liveness_s, limits.body_bytes, limits.error_body_bytes)
         self._control = FetchLimits(liveness_s, liveness_s, limits.body_bytes, limits.error_body_bytes)
+        self._calls_changed = threading.Condition()
+        self._calls: set[CancelToken] = set()
+        self._closed = False
+        self._last_timings: dict[int, Timings] = {}
 
-    # -- chat ---------------------------------------------------------------------------------
+    # -- the surface --------------------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, on_event: EventSink) -> Completion:
+    def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
         """One attempt: returns the final `Completion` or raises an `InferError`."""
-        body = self.render(req)
-        with self._gate.hold(req.slot, on_event):
-            return self._attempt(req.slot, body, on_event)
+        return drive(self._call(req, cancel, retry=False), on_event)
 
-    def chat_with_retry(self, req: ChatRequest, on_event: EventSink) -> Completion:
+    def chat_with_retry(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
         """`chat`, retried by the retry policy; every attempt sends the same bytes.
 
         Learning the slot count from `/props` (when the config does not give it) is part of the
         first attempt, so a server that is down or loading at that moment is retried too."""
+        return drive(self._call(req, cancel, retry=True), on_event)
+
+    def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
+        """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
+        return EventStream(self._call(req, cancel, retry=False))
+
+    def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
+        """`chat_with_retry` as an iterator of events."""
+        return EventStream(self._call(req, cancel, retry=True))
+
+    def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
+        """The exact request body `chat` sends for `req` (validated, deterministic)."""
+        return build_chat_body(req, self._settings, total_slots=self._slot_count(cancel))
+
+    def close(self) -> None:
+        """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
+        they have ended (waiting at most `CLOSE_WAIT_S`). Idempotent."""
+        with self._calls_changed:
+            self._closed = True
+            calls = list(self._calls)
+        for token in calls:
+            token.cancel(ClientClosed("the client was closed while the call ran"))
+        with self._calls_changed:
+            self._calls_changed.wait_for(lambda: not self._calls, CLOSE_WAIT_S)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- one call -----------------------------------------------------------------------------
+
+    def _call(self, req: ChatRequest, cancel: CancelToken | None, *, retry: bool) -> ChatSteps:
+        token = CancelToken()
+        with self._calls_changed:
+            if self._closed:
+                raise ClientClosed("the client is closed")
+            self._calls.add(token)
+        unlink = cancel.on_cancel(lambda: token.cancel(cancel.error())) if cancel is not None else None
+        try:
+            if retry:
+                completion = yield from self._retrying(req, token)
+            else:
+                completion = yield from self._gated(req.slot, self.render(req, token), token)
+            self._log_done(req.slot, completion)
+            return completion
+        finally:
+            if unlink is not None:
+                unlink()
+            with self._calls_changed:
+                self._calls.discard(token)
+                self._calls_changed.notify_all()
+
+    def _retrying(self, req: ChatRequest, token: CancelToken) -> ChatSteps:
         started = self._clock.now()
         body: bytes | None = None
         attempt = 1
         while True:
             try:
                 if body is None:
-                    body = self.render(req)
-                with self._gate.hold(req.slot, on_event):
-                    return self._attempt(req.slot, body, on_event)
+                    body = self.render(req, token)
+                return (yield from self._gated(req.slot, body, token))
             except InferError as error:
                 decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
                 if not decision.retry:
                     raise
                 attempt = decision.attempt
                 reason = f"{type(error).__name__}: {error}"
-                on_event(Retrying(attempt=attempt, after_ms=decision.after_ms, error=reason))
-                self._clock.sleep(decision.after_ms / 1000.0)
+                log.warning(
+                    "slot %d: retrying as attempt %d in %d ms after %s", req.slot, attempt, decision.after_ms, reason
+                )
+                yield Retrying(attempt=attempt, after_ms=decision.after_ms, error=reason)
+                self._clock.sleep(decision.after_ms / 1000.0, token.event)
+                token.raise_if_cancelled()
 
-    def render(self, req: ChatRequest) -> bytes:
-        """The exact request body `chat` sends for `req` (validated, deterministic)."""
-        return build_chat_body(req, self._settings, total_slots=self._slot_count())
+    def _gated(self, slot: int, body: bytes, token: CancelToken) -> ChatSteps:
+        """One attempt through the slot gate: queue (emitting `Queued`), hold, attempt, release."""
+        ticket = self._gate.enter(slot)
+        try:
+            ahead = ticket.ahead
+            while ahead:
+                log.debug("slot %d: queued, %d ahead", slot, ahead)
+                yield Queued(ahead)
+                ahead = self._gate.wait(ticket, token)
+            return (yield from self._attempt(slot, body, token))
+        finally:
+            self._gate.leave(ticket)
 
-    def _slot_count(self) -> int:
-        if self._total_slots is None:
-            self._total_slots = self.props().total_slots
-        return self._total_slots
-
-    def _attempt(self, slot: int, body: bytes, on_event: EventSink) -> Completion:
+    def _attempt(self, slot: int, body: bytes, token: CancelToken) -> ChatSteps:
+        token.raise_if_cancelled()
         limits = self._limits
         exchange = self._transport.open("POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0)
+        unwatch = token.on_cancel(exchange.abort)
         try:
-            head = self._await_head(exchange, slot, on_event)
+            head = yield from self._await_head(exchange, slot, token)
             if head.status != 200:
                 deadline = self._clock.now() + limits.stream.liveness_ms / 1000.0
-                raise HttpError(
-                    head.status,
-                    error_body(exchange, self._clock, deadline, limits.error_body_bytes),
-                    limits.error_body_bytes,
-                )
+                kept = error_body(exchange, self._clock, deadline, limits.error_body_bytes)
+                raise HttpError(head.status, kept, limits.error_body_bytes)
             kind = head.header("content-type")
             if kind is not None and not kind.lower().startswith("text/event-stream"):
                 # A whole answer where a stream was asked for would read as a stream without its
                 # final chunk and be retried; it is a server that ignored `stream: true`.
                 raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
-            return self._pump(exchange, on_event)
+            return (yield from self._pump(exchange, token))
+        except InferError as exc:
+            if token.cancelled:  # the abort broke the connection: say why
+                raise token.error() from exc
+            raise
         finally:
+            unwatch()
             exchange.close()
 
-    def _await_head(self, exchange: Exchange, slot: int, on_event: EventSink) -> ResponseHead:
+    def _await_head(
+        self, exchange: Exchange, slot: int, token: CancelToken
+    ) -> Generator[ChatEvent, None, ResponseHead]:
         """Wait for the response head, asking `/slots` each `poll_ms` and emitting `Waiting`."""
         limits = self._limits
         clock = self._clock
+        sent = clock.now()
         wait = FirstByteWait(
             poll_ms=limits.poll_ms,
             busy_wait_ms=limits.busy_wait_ms,
             load_wait_ms=limits.load_wait_ms,
             idle_grace_ms=limits.idle_grace_ms,
-            sent_at=clock.now(),
+            sent_at=sent,
             slot=slot,
         )
         while True:
             head = exchange.head(wait.timeout(clock.now()))
             if not isinstance(head, TimedOut):
+                log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
                 return head
             decision = wait.on_poll(clock.now(), self._probe.state(slot))
-            on_event(decision.event)
+            token.raise_if_cancelled()
+            yield decision.event
             if decision.error is not None:
                 raise decision.error
 
-    def _pump(self, exchange: Exchange, on_event: EventSink) -> Completion:
+    def _pump(self, exchange: Exchange, token: CancelToken) -> ChatSteps:
         """Read with the deadline the stream gives, feed it, act on its steps."""
         clock = self._clock
         read = exchange.read
@@ -186,20 +273,41 @@ class Client:
                 if isinstance(step, Completion):
                     return step
                 if isinstance(step, PostReasoningEnd):
-                    on_event(stream.control_answered(self._post_reasoning_end(step.completion_id)))
+                    refusal = self._post_reasoning_end(step.completion_id, token)
+                    log.debug("reasoning_end posted: %s", "accepted" if refusal is None else refusal)
+                    yield stream.control_answered(refusal)
                 elif isinstance(step, InferError):
                     raise step
                 else:
-                    on_event(step)
+                    yield step
 
-    def _post_reasoning_end(self, completion_id: str) -> str | None:
+    def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
         """Ask the server to end the thinking block on a second connection: None when it answers
         `{"success": true}`, else what went wrong."""
         try:
             body = build_control_body(completion_id, self._settings.model)
-            return control_refusal(fetch(self._transport, self._clock, "POST", CONTROL_PATH, body, self._control))
+            answer = fetch(self._transport, self._clock, "POST", CONTROL_PATH, body, self._control)
+            return control_refusal(answer)
         except InferError as exc:
+            token.raise_if_cancelled()
             return f"{type(exc).__name__}: {exc}"
+
+    def _log_done(self, slot: int, completion: Completion) -> None:
+        t = completion.timings
+        log.debug(
+            "slot %d: %s, %d prompt tokens (%d cached), %d predicted, %d reasoning%s",
+            slot,
+            completion.finish_reason.value,
+            t.prompt_n + t.cache_n,
+            t.cache_n,
+            t.predicted_n,
+            completion.reasoning_tokens,
+            ", thinking capped" if completion.thinking_capped else "",
+        )
+        previous = self._last_timings.get(slot)
+        self._last_timings[slot] = t
+        if previous is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
 
     # -- info ---------------------------------------------------------------------------------
 
@@ -220,3 +328,10 @@ class Client:
 
     def _get(self, path: str) -> bytes:
         return fetch(self._transport, self._clock, "GET", with_model(path, self._settings.model), None, self._info)
+
+    def _slot_count(self, cancel: CancelToken | None) -> int:
+        if self._total_slots is None:
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+            self._total_slots = self.props().total_slots
+        return self._total_slots

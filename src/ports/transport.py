@@ -20,6 +20,9 @@ against each):
   `limit` bytes (used for bodies that are not streams, and for error bodies).
 - `Exchange.close()` closes the connection (cancelling generation on the server); it is
   idempotent and never raises. After close, `head`/`read` raise `StreamClosedEarly`.
+- `Exchange.abort()` may be called from any thread while another is blocked in `head` or
+  `read`: it shuts the connection down so that call returns at once (raising
+  `StreamClosedEarly`); it never raises, and the owner still calls `close()`.
 - No `OSError` escapes: every socket failure is mapped to a `domain.errors.InferError`.
 """
 
@@ -71,6 +74,8 @@ class Exchange(Protocol):
     def read_all(self, limit: int, timeout: float) -> bytes: ...
 
     def close(self) -> None: ...
+
+    def abort(self) -> None: ...
 
 
 @runtime_checkable

@@ -199,6 +199,9 @@ class ScriptedExchange:
         self._closed = True
         self._request.mark_closed(self._clock.now())
 
+    def abort(self) -> None:
+        self.close()
+
     def _next(self, timeout: float) -> _Step | None:
         """The next step if it is due within `timeout` (the clock moves to it), else None (the
         clock moves by `timeout`). Terminal steps stay current, so failures repeat."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import socket
+import threading
 import time
 from typing import Final
 
@@ -166,6 +167,7 @@ class UdsExchange:
         "_fed",
         "_head",
         "_header_bytes",
+        "_lock",
         "_method",
         "_sock",
         "_timeout",
@@ -184,6 +186,7 @@ class UdsExchange:
         self._fed = 0  # bytes handed to h11 while reading the head
         self._eof = False
         self._closed = False
+        self._lock = threading.Lock()  # close() and abort() may come from two threads
 
     def __enter__(self) -> UdsExchange:
         return self
@@ -282,11 +285,20 @@ class UdsExchange:
 
     def close(self) -> None:
         """Close the connection (the server cancels the generation). Idempotent; never raises."""
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(OSError):
+                self._sock.close()
+
+    def abort(self) -> None:
+        """From any thread: shut the connection down, so a `head` or `read` blocked on it returns
+        at once and the server sees the close. Never raises; the owner still calls `close`."""
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
 
     # -- the socket side ------------------------------------------------------------------------
 
