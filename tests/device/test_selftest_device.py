@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 import time
@@ -15,6 +16,9 @@ from proxy import ProxyProcess
 
 pytestmark = pytest.mark.device
 
+CACHE_LOSS_TOKENS = 64  # the default limits.cache_loss_tokens
+TOKEN_BUDGET = 1200  # the brief's "about 1,000 tokens" for the whole self-test, with some slack
+
 
 @pytest.fixture
 def proxy(tools_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
@@ -23,8 +27,10 @@ def proxy(tools_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
 
 
 def write_config(path: Path, socket_path: str, *, sha: str | None, extra: str = "") -> Path:
-    expect = "" if sha is None else (
-        f'[expect]\nchat_template_sha256 = "{sha}"\nn_ctx = {llama.SLOT_CONTEXT}\ntotal_slots = {llama.SLOTS}\n'
+    expect = (
+        ""
+        if sha is None
+        else (f'[expect]\nchat_template_sha256 = "{sha}"\nn_ctx = {llama.SLOT_CONTEXT}\ntotal_slots = {llama.SLOTS}\n')
     )
     prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     path.write_text(
@@ -38,9 +44,24 @@ def run_selftest(config: Path) -> tuple[int, list[str], float]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "app.selftest", "--config", str(config)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return done.returncode, done.stdout.splitlines(), time.monotonic() - started
+
+
+def cache_figures(line: str) -> tuple[int, int]:
+    """(tokens reused, tokens turn 1 left in the slot) from the cache check's line."""
+    found = re.search(r"reused (\d+) of (\d+) tokens", line)
+    assert found is not None, line
+    return int(found[1]), int(found[2])
+
+
+def selftest_tokens(line: str) -> int:
+    found = re.search(r", (\d+) tokens$", line)
+    assert found is not None, line
+    return int(found[1])
 
 
 def template_sha(server: llama.LlamaServer) -> str:
@@ -59,6 +80,24 @@ def test_selftest_passes_all_three_checks_against_the_server_it_describes(
     assert lines[1].startswith("ok   tool call: get_time(")
     assert lines[2].startswith("ok   cache: turn 2 reused")
     assert "3/3 checks passed" in lines[3]
+    # Turn 1 is long enough that a miss would show: more than twice the loss limit in the slot.
+    cached, left = cache_figures(lines[2])
+    assert left > 2 * CACHE_LOSS_TOKENS
+    assert left - cached <= CACHE_LOSS_TOKENS
+    assert selftest_tokens(lines[3]) <= TOKEN_BUDGET
+
+
+def test_selftest_fails_the_cache_check_when_turn_1_is_too_short_for_the_loss_limit(
+    tools_server: llama.LlamaServer, proxy: ProxyProcess, tmp_path: Path
+) -> None:
+    # Under a loss limit as long as the whole exchange, a total miss would pass: the check says so.
+    limits = f"[limits]\ncache_loss_tokens = {TOKEN_BUDGET}\n"
+    config = write_config(tmp_path / "loose.toml", proxy.socket_path, sha=template_sha(tools_server), extra=limits)
+    code, lines, _ = run_selftest(config)
+    assert code == 1, "\n".join(lines)
+    assert lines[2].startswith("FAIL cache: turn 1 left only ")
+    assert f"twice the loss limit {TOKEN_BUDGET}" in lines[2]
+    assert lines[3].startswith("FAIL selftest: 2/3")
 
 
 def test_selftest_fails_with_a_clear_line_when_expect_is_wrong(
@@ -81,7 +120,7 @@ def test_selftest_without_expect_refuses_to_run(proxy: ProxyProcess, tmp_path: P
 
 def test_selftest_against_a_dead_socket_fails_within_the_configured_waits(tmp_path: Path) -> None:
     dead = str(tmp_path / "nobody.sock")
-    retry = '[retry]\nattempts = 2\ndelays_ms = [100]\n'
+    retry = "[retry]\nattempts = 2\ndelays_ms = [100]\n"
     code, lines, seconds = run_selftest(write_config(tmp_path / "dead.toml", dead, sha="1" * 64, extra=retry))
     assert code == 1
     assert lines[0].startswith("FAIL props: ConnectError") and dead in lines[0]

@@ -1,0 +1,462 @@
+"""The self-test's verdicts on the in-memory fakes: every way each of the three checks fails, all
+three passing, a server that cannot be reached, errors of any kind as one `FAIL` line, and
+`main`'s exit code 2 for what cannot run. No sockets: the server is a `ScriptedTransport` that
+answers each chat by what the request holds (tools: the tool-call check; two messages: turn 1;
+four: turn 2), on a `FakeClock`, so a retry's wait costs no real time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeClock, FakeSlotProbe, RecordedRequest, ScriptedTransport, json_reply, sse_reply
+from adapters.fake_server.script import Script
+from app import selftest
+from app.config import Config, parse_config
+from app.container import Container
+from app.selftest import MAX_TOKENS, SYSTEM, TURN1_PROMPT, TURN2_PROMPT, Report, cache_check_floor, run
+from client_support import CHAT, PROPS, ROLE, chunk
+from domain.request import RequestError
+
+pytestmark = pytest.mark.timeout(10)
+
+TEMPLATE = "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
+TEMPLATE_SHA = hashlib.sha256(TEMPLATE.encode("utf-8")).hexdigest()
+EXPECT = {"chat_template_sha256": TEMPLATE_SHA, "n_ctx": 4096, "total_slots": 2}
+PROPS_ANSWER: dict[str, Any] = {
+    "default_generation_settings": {"n_ctx": 4096},
+    "total_slots": 2,
+    "model_alias": "test-model",
+    "chat_template": TEMPLATE,
+}
+ARGS = '{"city": "Paris"}'
+
+
+def tool_answer(arguments: str = ARGS, *, finish: str = "tool_calls", name: str = "get_time") -> list[dict[str, Any]]:
+    call = {
+        "index": 0,
+        "id": "X3kXjv1zQ5sA9gJ0mRr2cTn7bYw4pLdE",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    return [
+        chunk(ROLE, n=0, prompt_n=150),
+        chunk({"tool_calls": [call]}, n=5, prompt_n=150),
+        chunk(finish=finish, n=6, prompt_n=150),
+    ]
+
+
+def text_answer(text: str, *, cache_n: int, prompt_n: int, n: int = 6) -> list[dict[str, Any]]:
+    return [
+        chunk(ROLE, n=0, cache_n=cache_n, prompt_n=prompt_n),
+        chunk({"content": text}, n=n, cache_n=cache_n, prompt_n=prompt_n),
+        chunk(finish="stop", n=n, cache_n=cache_n, prompt_n=prompt_n),
+    ]
+
+
+# Turn 1 leaves 3 + 380 + 6 = 389 tokens in the slot; turn 2 finds 388 of them cached.
+TURN1 = text_answer("The sky is blue.", cache_n=3, prompt_n=380)
+TURN2 = text_answer("Grass is green.", cache_n=388, prompt_n=20)
+
+
+@dataclass
+class Server:
+    """What the fake server answers; each field is one route's reply (or the error to raise)."""
+
+    props: Script | BaseException = field(default_factory=lambda: json_reply(PROPS_ANSWER))
+    tool: list[dict[str, Any]] = field(default_factory=tool_answer)
+    turn1: list[dict[str, Any]] = field(default_factory=lambda: TURN1)
+    turn2: list[dict[str, Any]] = field(default_factory=lambda: TURN2)
+
+    def answer_props(self, request: RecordedRequest) -> Script:
+        if isinstance(self.props, BaseException):
+            raise self.props
+        return self.props
+
+    def answer_chat(self, request: RecordedRequest) -> Script:
+        body = request.json()
+        if "tools" in body:
+            return sse_reply(self.tool)
+        return sse_reply(self.turn1 if len(body["messages"]) == 2 else self.turn2)
+
+
+@dataclass
+class Outcome:
+    report: Report
+    lines: list[str]
+    transport: ScriptedTransport
+
+    def chats(self) -> list[dict[str, Any]]:
+        return [r.json() for r in self.transport.requests if (r.method, r.path) == CHAT]
+
+
+@pytest.fixture
+def selftest_on() -> Iterator[Callable[..., Outcome]]:
+    """Run the self-test against `Server` on the in-memory fakes, with the config's changes."""
+    containers: list[Container] = []
+
+    def go(server: Server, *, refusing: bool = False, **sections: Any) -> Outcome:
+        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
+        clock = FakeClock()
+        transport = ScriptedTransport(clock, {PROPS: server.answer_props, CHAT: server.answer_chat})
+        transport.refusing = refusing
+        container = Container(config=selftest.selftest_config(config))
+        container.override_providers(clock=clock, transport=transport, probe=FakeSlotProbe())
+        containers.append(container)
+        lines: list[str] = []
+        report = run(config, container.client(), lines.append)
+        return Outcome(report, lines, transport)
+
+    yield go
+    for container in containers:
+        container.reset_override()
+
+
+def check_lines(outcome: Outcome) -> list[str]:
+    assert len(outcome.lines) == 4, outcome.lines
+    return outcome.lines[:3]
+
+
+def assert_summary(outcome: Outcome, passed: int) -> None:
+    verdict = "ok  " if passed == 3 else "FAIL"
+    assert re.fullmatch(
+        rf"{verdict} selftest: {passed}/3 checks passed in \d+\.\d s, {outcome.report.tokens} tokens", outcome.lines[3]
+    ), outcome.lines[3]
+    assert outcome.report.ok is (passed == 3)
+
+
+# -- all three pass -------------------------------------------------------------------------------
+
+
+def test_all_three_checks_pass_against_the_server_the_config_describes(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server())
+
+    assert check_lines(outcome) == [
+        f"ok   props: chat_template sha256 {TEMPLATE_SHA} == expected, n_ctx 4096 == expected, "
+        "total_slots 2 == expected",
+        'ok   tool call: get_time({"city": "Paris"}) parsed, finish_reason tool_calls, 156 tokens',
+        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64), 412 tokens",
+    ]
+    assert outcome.report.tokens == 156 + 386 + 26
+    assert_summary(outcome, 3)
+
+
+def test_the_checks_send_capped_answers_and_turn_2_replays_turn_1(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server())
+
+    tool, turn1, turn2 = outcome.chats()
+    assert [body["max_tokens"] for body in (tool, turn1, turn2)] == [MAX_TOKENS] * 3
+    assert [body["id_slot"] for body in (tool, turn1, turn2)] == [0, 0, 0]
+    assert tool["tool_choice"] == "required"
+    assert turn1["messages"] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURN1_PROMPT}]
+    assert turn2["messages"][:2] == turn1["messages"]
+    assert turn2["messages"][2]["role"] == "assistant"
+    assert turn2["messages"][2]["content"] == "The sky is blue."
+    assert turn2["messages"][3] == {"role": "user", "content": TURN2_PROMPT}
+
+
+def test_the_system_prompt_is_long_enough_for_a_miss_to_be_a_loss() -> None:
+    # Four characters a token undercounts this English text: the small model's tokenizer makes 381.
+    assert len(SYSTEM) / 4 > 2 * cache_check_floor(64)
+
+
+# -- props ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "expected_line"),
+    [
+        (
+            {"chat_template": "{{ messages }}"},
+            f"FAIL props: chat_template sha256 {hashlib.sha256(b'{{ messages }}').hexdigest()} "
+            f"!= expected {TEMPLATE_SHA}",
+        ),
+        ({"default_generation_settings": {"n_ctx": 2048}}, "FAIL props: n_ctx 2048 != expected 4096"),
+        ({"total_slots": 4}, "FAIL props: total_slots 4 != expected 2"),
+    ],
+    ids=["template-hash", "n_ctx", "total_slots"],
+)
+def test_props_fails_naming_the_value_that_differs(
+    selftest_on: Callable[..., Outcome], change: dict[str, Any], expected_line: str
+) -> None:
+    outcome = selftest_on(Server(props=json_reply({**PROPS_ANSWER, **change})))
+
+    assert check_lines(outcome)[0] == expected_line
+    assert outcome.lines[1].startswith("ok   tool call:")
+    assert outcome.lines[2].startswith("ok   cache:")
+    assert_summary(outcome, 2)
+
+
+def test_props_names_every_value_that_differs(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(
+        Server(props=json_reply({**PROPS_ANSWER, "total_slots": 1, "default_generation_settings": {"n_ctx": 512}}))
+    )
+
+    assert check_lines(outcome)[0] == "FAIL props: n_ctx 512 != expected 4096; total_slots 1 != expected 2"
+
+
+def test_a_props_answer_without_its_fields_is_a_protocol_error_line(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(props=json_reply({"total_slots": 2})))
+
+    line = check_lines(outcome)[0]
+    assert line.startswith("FAIL props: ProtocolError: /props") and "chat_template" in line
+    assert_summary(outcome, 2)
+
+
+# -- tool call --------------------------------------------------------------------------------------
+
+
+def test_tool_call_fails_when_the_model_calls_no_tool(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(tool=text_answer("It is noon in Paris.", cache_n=0, prompt_n=150)))
+
+    assert check_lines(outcome)[1] == (
+        "FAIL tool call: no get_time call (calls: none; finish_reason stop; content 'It is noon in Paris.')"
+    )
+    assert_summary(outcome, 2)
+
+
+def test_tool_call_fails_when_the_model_calls_another_tool(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(tool=tool_answer(name="get_weather")))
+
+    assert check_lines(outcome)[1] == (
+        "FAIL tool call: no get_time call (calls: ['get_weather']; finish_reason tool_calls; no content)"
+    )
+
+
+def test_tool_call_fails_when_the_arguments_are_not_json(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(tool=tool_answer('{"city": "Par')))
+
+    line = check_lines(outcome)[1]
+    assert line.startswith("FAIL tool call: get_time arguments are not JSON (")
+    assert line.endswith(""": '{"city": "Par'""")
+    assert_summary(outcome, 2)
+
+
+@pytest.mark.parametrize("arguments", ['"Paris"', '["Paris"]', "42", "null"])
+def test_tool_call_fails_when_the_arguments_are_json_but_not_an_object(
+    selftest_on: Callable[..., Outcome], arguments: str
+) -> None:
+    outcome = selftest_on(Server(tool=tool_answer(arguments)))
+
+    assert check_lines(outcome)[1].startswith("FAIL tool call: get_time arguments are not an object: ")
+    assert_summary(outcome, 2)
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_tool_call_fails_when_finish_reason_is_not_tool_calls(selftest_on: Callable[..., Outcome], finish: str) -> None:
+    outcome = selftest_on(Server(tool=tool_answer(finish=finish)))
+
+    assert check_lines(outcome)[1] == f"FAIL tool call: finish_reason {finish}, expected tool_calls"
+    assert_summary(outcome, 2)
+
+
+# -- cache ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cached", [0, 3, 200, 324])
+def test_cache_fails_when_turn_2_reused_too_little(selftest_on: Callable[..., Outcome], cached: int) -> None:
+    outcome = selftest_on(Server(turn2=text_answer("Grass is green.", cache_n=cached, prompt_n=405 - cached)))
+
+    tokens = 386 + (405 - cached) + 6
+    assert check_lines(outcome)[2] == (
+        f"FAIL cache: turn 2 reused {cached} of 389 tokens (loss limit 64), {tokens} tokens"
+    )
+    assert_summary(outcome, 2)
+
+
+def test_cache_passes_when_turn_2_is_exactly_the_loss_limit_short(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(turn2=text_answer("Grass is green.", cache_n=325, prompt_n=80)))
+
+    assert check_lines(outcome)[2].startswith("ok   cache: turn 2 reused 325 of 389 tokens")
+
+
+def test_cache_fails_when_turn_1_left_too_few_tokens_for_the_check_to_mean_anything(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    # 56 tokens, as the self-test's first turn measured before it had a long system prompt: a turn 2
+    # that reused nothing at all would have been only 56 short, a "hit" under the limit of 64.
+    outcome = selftest_on(Server(turn1=text_answer("Blue.", cache_n=0, prompt_n=50)))
+
+    assert check_lines(outcome)[2] == (
+        "FAIL cache: turn 1 left only 56 tokens in the slot, too few for the check to mean anything: "
+        "it needs more than 128 (twice the loss limit 64), or a turn 2 that reused half of them would pass"
+    )
+    assert len(outcome.chats()) == 2  # turn 2 is not sent: it would prove nothing
+    assert outcome.report.results[2].tokens == 56
+    assert_summary(outcome, 2)
+
+
+@pytest.mark.parametrize(("left", "ok"), [(128, False), (129, True)])
+def test_turn_1_must_leave_more_than_twice_the_loss_limit(
+    selftest_on: Callable[..., Outcome], left: int, ok: bool
+) -> None:
+    outcome = selftest_on(
+        Server(
+            turn1=text_answer("Blue.", cache_n=0, prompt_n=left - 6),
+            turn2=text_answer("Green.", cache_n=left - 1, prompt_n=20),
+        )
+    )
+
+    assert check_lines(outcome)[2].startswith("ok   cache:" if ok else f"FAIL cache: turn 1 left only {left} tokens")
+
+
+def test_the_floor_follows_the_configured_loss_limit(selftest_on: Callable[..., Outcome]) -> None:
+    # The same 389 tokens that pass under the default limit are too few under a limit of 200.
+    outcome = selftest_on(Server(), limits={"cache_loss_tokens": 200})
+
+    assert check_lines(outcome)[2].startswith(
+        "FAIL cache: turn 1 left only 389 tokens in the slot, too few for the check to mean anything: "
+        "it needs more than 400 (twice the loss limit 200)"
+    )
+
+
+# -- a server that cannot be reached, and errors of any kind ---------------------------------------
+
+
+def test_a_server_that_refuses_connections_fails_props_and_runs_nothing_else(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    outcome = selftest_on(Server(), refusing=True)
+
+    assert check_lines(outcome) == [
+        "FAIL props: ConnectError: cannot connect to /fake/llama.sock: connection refused "
+        "(nobody is listening on the socket)",
+        "FAIL tool call: not run: the server is unreachable (ConnectError)",
+        "FAIL cache: not run: the server is unreachable (ConnectError)",
+    ]
+    assert outcome.transport.requests == []
+    assert_summary(outcome, 0)
+    assert outcome.report.tokens == 0
+
+
+def test_a_request_error_is_a_fail_line_naming_it_and_the_next_check_runs(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    outcome = selftest_on(Server(props=RequestError("slot 0 is out of range: the server has 0 slots")))
+
+    assert check_lines(outcome)[0].startswith(
+        "FAIL props: RequestError: slot 0 is out of range: the server has 0 slots"
+    )
+    assert outcome.lines[1].startswith("ok   tool call:")
+    assert outcome.lines[2].startswith("ok   cache:")
+    assert_summary(outcome, 2)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), KeyError("n_ctx"), AssertionError()], ids=repr)
+def test_a_bug_in_a_check_is_a_fail_line_naming_it_and_where_it_was_raised(
+    selftest_on: Callable[..., Outcome], error: Exception
+) -> None:
+    outcome = selftest_on(Server(props=error))
+
+    named = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    line = check_lines(outcome)[0]
+    assert re.fullmatch(rf"FAIL props: {re.escape(named)} \(raised at test_selftest\.py:\d+ in answer_props\)", line)
+    assert outcome.lines[1].startswith("ok   tool call:")
+    assert outcome.lines[2].startswith("ok   cache:")
+    assert_summary(outcome, 2)
+
+
+def test_an_error_message_over_several_lines_stays_on_its_check_line(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server(props=ValueError("first line\nsecond line")))
+
+    assert outcome.lines[0].startswith("FAIL props: ValueError: first line second line (raised at ")
+    assert len(outcome.lines) == 4
+
+
+def test_an_error_inside_the_stream_fails_its_check_only(selftest_on: Callable[..., Outcome]) -> None:
+    error = {"error": {"code": 500, "message": "tool parser failed", "type": "server_error"}}
+    outcome = selftest_on(Server(tool=[chunk(ROLE, n=0), error]))
+
+    assert check_lines(outcome)[1].startswith("FAIL tool call: HttpError: HTTP 500: ")
+    assert "tool parser failed" in outcome.lines[1]
+    assert outcome.lines[2].startswith("ok   cache:")
+
+
+def test_keyboard_interrupt_is_not_turned_into_a_fail_line(selftest_on: Callable[..., Outcome]) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        selftest_on(Server(props=KeyboardInterrupt()))
+
+
+def test_run_refuses_a_config_without_expect() -> None:
+    config = parse_config({"socket": "/fake/llama.sock"})
+
+    with pytest.raises(selftest.ConfigError, match=r"needs an \[expect\] section"):
+        run(config, object(), print)  # type: ignore[arg-type]
+
+
+# -- main: what cannot run is exit 2, with one FAIL line --------------------------------------------
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+EXPECT_TOML = f'[expect]\nchat_template_sha256 = "{TEMPLATE_SHA}"\nn_ctx = 4096\ntotal_slots = 2\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (None, "config file not found"),
+        ('socket = "/fake/llama.sock"\n', r"needs an \[expect\] section"),
+        ('socket = "/fake/llama.sock"\n[limits]\nlvieness_ms = 5\n' + EXPECT_TOML, "limits.lvieness_ms: unknown key"),
+        ("socket = \n", "invalid TOML"),
+    ],
+    ids=["missing-file", "no-expect", "unknown-key", "bad-toml"],
+)
+def test_main_exits_2_with_one_fail_line_when_the_config_cannot_be_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, message: str
+) -> None:
+    path = str(tmp_path / "config.toml") if text is None else write(tmp_path / "config.toml", text)
+
+    code = selftest.main(["--config", path])
+
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert len(out.splitlines()) == 1 and out.startswith("FAIL config: ")
+    assert re.search(message, out)
+    assert "Traceback" not in out + err
+
+
+def test_main_exits_2_when_the_client_cannot_be_built(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken_container(config: Config) -> Container:
+        raise TypeError("transport needs a socket path")
+
+    monkeypatch.setattr(selftest, "Container", broken_container)
+    path = write(tmp_path / "config.toml", 'socket = "/fake/llama.sock"\n' + EXPECT_TOML)
+
+    code = selftest.main(["--config", path])
+
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out.splitlines() == [
+        "FAIL setup: cannot build the client: TypeError: transport needs a socket path "
+        "(raised at test_selftest.py:" + out.split("test_selftest.py:", 1)[1].split(" ", 1)[0] + " in broken_container)"
+    ]
+    assert "Traceback" not in out + err
+
+
+def test_main_without_config_argument_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        selftest.main([])
+
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2
+    assert "--config" in err and "Traceback" not in out + err
+
+
+def test_a_report_is_ok_only_with_three_passing_results() -> None:
+    passing = selftest.CheckResult("props", True, "")
+    assert not Report([passing, passing]).ok
+    assert Report([passing, passing, passing]).ok
+    assert not Report([passing, passing, replace(passing, ok=False)]).ok
