@@ -62,3 +62,8 @@ def test_a_control_call_id_that_is_not_valid_unicode_is_refused_as_the_control_c
     with pytest.raises(RequestError) as caught:
         build_control_body("chatcmpl-\ud800", None)
     assert str(caught.value) == "the control call holds text that is not valid Unicode (surrogates not allowed)"
+
+
+def test_a_tool_description_that_is_not_text_is_named_by_its_path() -> None:
+    bad = ToolSchema(name="g", description=None, parameters={})  # type: ignore[arg-type]
+    assert refusal(with_tools(TOOL, bad)) == "tools[1].description must be a string, not NoneType"
