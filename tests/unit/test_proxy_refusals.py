@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from adapters.proxy.refusals import RefusalLines
@@ -174,6 +174,8 @@ def test_every_refusal_is_accounted_for_exactly_once_however_late_the_summaries_
 
 
 @given(STEPS)
+@example(steps=[(1, 0.99, False), (2, 0.01, False), (10, 0.0, False)])  # lines either side of a period's end
+@settings(max_examples=400)
 def test_polled_as_the_accept_loop_polls_no_second_has_more_than_eleven_lines(
     steps: list[tuple[int, float, bool]],
 ) -> None:

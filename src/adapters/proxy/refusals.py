@@ -1,9 +1,11 @@
 """Refusal lines: one line per refused connection at first, then a summary at most once a period.
 
 A connect flood must not turn into a log flood, yet a few refusals are worth a line each. Invariants:
-- At most `verbatim` refusals (10) in a period (1 s) get a line of their own. Past that the proxy
-  is summarising: refusals are counted by reason, and the count is written as one line when the
-  period ends, so a flood costs one line per period however fast it comes.
+- At most `verbatim` refusals (10) in any period (1 s, a sliding window: the last `verbatim`
+  lines' times are kept) get a line of their own. Past that the proxy is summarising: refusals
+  are counted by reason, and the count is written as one line when the period ends, so a flood
+  costs one line per period however fast it comes, and no period holds more than
+  `verbatim + 1` lines.
 - Lines of their own come back only after a whole period without a single refusal. A flood that
   pulses therefore still costs at most `verbatim + 1` lines per two periods.
 - Every refusal is accounted for exactly once: in a line of its own or in one summary. `flush()`
@@ -15,6 +17,7 @@ A connect flood must not turn into a log flood, yet a few refusals are worth a l
   `seconds_until_due` for its select timeout and calls `due` after every wake-up.
 """
 
+from collections import deque
 from collections.abc import Callable
 
 VERBATIM_PER_PERIOD = 10
@@ -36,8 +39,7 @@ class RefusalLines:
         self._clock = clock
         self._verbatim = verbatim
         self._period = period
-        self._window_start: float | None = None  # start of the period of lines of their own
-        self._told = 0  # lines of their own in that period
+        self._told: deque[float] = deque()  # times of the lines of their own in the last period
         self._summary_due: float | None = None  # set while summarising: end of the counted period
         self._counts: dict[str, int] = {}
         self._latest = clock()
@@ -47,13 +49,14 @@ class RefusalLines:
         now = self._now()
         lines = self._due_at(now)
         if self._summary_due is None:
-            if self._window_start is None or now - self._window_start >= self._period:
-                self._window_start, self._told = now, 0
-            if self._told < self._verbatim:
-                self._told += 1
+            told = self._told
+            while told and now - told[0] >= self._period:
+                told.popleft()
+            if len(told) < self._verbatim:
+                told.append(now)
                 lines.append(f"refused a connection: {reason}")
                 return lines
-            self._summary_due = self._window_start + self._period
+            self._summary_due = (told[0] if told else now) + self._period
         self._counts[reason] = self._counts.get(reason, 0) + 1
         return lines
 
@@ -87,7 +90,6 @@ class RefusalLines:
             else:
                 # A whole period without a refusal: the next one gets a line of its own again.
                 self._summary_due = None
-                self._window_start = None
         return lines
 
     def _summary(self) -> str:
