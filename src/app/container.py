@@ -73,14 +73,16 @@ def total_slots(config: Config) -> int | None:
 class Container(containers.DeclarativeContainer):
     config = providers.Dependency(instance_of=Config)
 
-    clock = providers.Singleton(SystemClock)
-    rng = providers.Singleton(random.Random)
-    transport = providers.Singleton(
+    # Thread-safe: a daemon may resolve `client()` from several threads at once, and a plain
+    # Singleton would then build one client, one slot gate and one transport per thread.
+    clock = providers.ThreadSafeSingleton(SystemClock)
+    rng = providers.ThreadSafeSingleton(random.Random)
+    transport = providers.ThreadSafeSingleton(
         UdsTransport,
         socket_path=config.provided.socket,
         header_bytes=config.provided.limits.header_bytes,
     )
-    probe = providers.Singleton(
+    probe = providers.ThreadSafeSingleton(
         UdsSlotProbe,
         transport=transport,
         timeout=providers.Callable(probe_timeout, config),
@@ -88,8 +90,8 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         model=config.provided.model,
     )
-    gate = providers.Singleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
-    client = providers.Singleton(
+    gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
+    client = providers.ThreadSafeSingleton(
         Client,
         transport=transport,
         probe=probe,

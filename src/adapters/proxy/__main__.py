@@ -5,6 +5,8 @@ be set up (its lock is held by another inferproxy, or the path is taken). Every 
 line on stderr. Stderr is written without blocking (`StderrLog`): a reader that has stopped
 reading costs lines, never the service or the stop. A failure to start waits up to a second for
 its one line to go out; a stop does not wait.
+
+`inferproxy --version` prints `inferproxy VERSION` and exits 0 before anything else is read.
 """
 
 import signal
@@ -19,14 +21,31 @@ from adapters.proxy.stderr_log import StderrLog
 
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _FAILURE_LINE_WAIT_S = 1.0
+_DISTRIBUTION = "inferpath"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if "--version" in args:
+        # Like argparse's version action (and --help): answer, then exit 0 whatever else is given.
+        print(f"inferproxy {version()}")
+        raise SystemExit(0)
     log = StderrLog()
     try:
-        return _run(sys.argv[1:] if argv is None else argv, log)
+        return _run(args, log)
     finally:
         log.close()
+
+
+def version() -> str:
+    """The installed distribution's version; "0+unknown" if it is not installed."""
+    # Imported here, not at the top: importlib.metadata would add about 25 ms to every start.
+    from importlib import metadata
+
+    try:
+        return metadata.version(_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _run(argv: Sequence[str], log: StderrLog) -> int:
