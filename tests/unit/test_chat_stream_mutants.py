@@ -1,0 +1,80 @@
+"""ChatStream: the thinking cap ends a feed at once, and a stream that ended takes no more bytes."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from domain.chat_stream import ChatStream, PostReasoningEnd, StreamLimits
+from domain.errors import ProtocolError, Stalled, ThinkingOverrun
+from domain.events import Reasoning, ThinkingCapped
+
+
+def limits(thinking_cap: int = 100, thinking_overrun: int = 0) -> StreamLimits:
+    return StreamLimits(
+        liveness_ms=1000,
+        sse_line_bytes=1 << 16,
+        answer_bytes=1 << 20,
+        thinking_cap=thinking_cap,
+        thinking_overrun=thinking_overrun,
+    )
+
+
+def reasoning(*texts: str, cid: str | None = "chatcmpl-1") -> bytes:
+    """One SSE event per text, each a chunk carrying that reasoning text."""
+    out = b""
+    for text in texts:
+        chunk: dict[str, object] = {"choices": [{"index": 0, "delta": {"reasoning_content": text}}]}
+        if cid is not None:
+            chunk["id"] = cid
+        out += b"data: " + orjson.dumps(chunk) + b"\n\n"
+    return out
+
+
+def test_every_reasoning_chunk_of_one_feed_below_the_cap_is_returned() -> None:
+    stream = ChatStream(limits(), max_tokens=1000, now=0.0)
+    assert stream.feed(reasoning("a", "b", "c"), now=0.1) == [Reasoning("a"), Reasoning("b"), Reasoning("c")]
+
+
+def test_the_cap_without_a_completion_id_ends_the_stream_at_that_chunk() -> None:
+    stream = ChatStream(limits(thinking_cap=1), max_tokens=1000, now=0.0)
+    steps = stream.feed(reasoning("a", "b", cid=None), now=0.1)
+    assert steps[0] == Reasoning("a")
+    assert len(steps) == 2
+    assert isinstance(steps[1], ThinkingOverrun)
+    assert str(steps[1]) == (
+        "reasoning_end posted at 1 reasoning tokens was not accepted: the stream carried no completion id"
+    )
+    with pytest.raises(ProtocolError, match="the stream is over"):
+        stream.feed(reasoning("c"), now=0.2)
+
+
+def test_reasoning_past_the_overrun_ends_the_feed_at_that_chunk() -> None:
+    stream = ChatStream(limits(thinking_cap=1, thinking_overrun=0), max_tokens=1000, now=0.0)
+    assert stream.feed(reasoning("a"), now=0.1) == [Reasoning("a"), PostReasoningEnd("chatcmpl-1")]
+    assert stream.control_answered(None) == ThinkingCapped(tokens=1)
+    steps = stream.feed(reasoning("b", "c"), now=0.2)
+    assert steps[0] == Reasoning("b")
+    assert len(steps) == 2
+    assert isinstance(steps[1], ThinkingOverrun)
+    with pytest.raises(ProtocolError, match="the stream is over"):
+        stream.feed(reasoning("d"), now=0.3)
+
+
+def test_a_refused_control_call_ends_the_stream() -> None:
+    stream = ChatStream(limits(thinking_cap=1), max_tokens=1000, now=0.0)
+    assert stream.feed(reasoning("a"), now=0.1)[-1] == PostReasoningEnd("chatcmpl-1")
+    with pytest.raises(ThinkingOverrun) as caught:
+        stream.control_answered("")
+    assert str(caught.value) == "reasoning_end posted at 1 reasoning tokens was not accepted: "
+    with pytest.raises(ProtocolError, match="the stream is over"):
+        stream.feed(reasoning("b"), now=0.2)
+
+
+def test_silence_that_stalled_the_stream_ends_it() -> None:
+    stream = ChatStream(limits(), max_tokens=1000, now=0.0)
+    stream.silence(0.5)  # not yet
+    with pytest.raises(Stalled):
+        stream.silence(1.0)
+    with pytest.raises(ProtocolError, match="the stream is over"):
+        stream.feed(reasoning("late"), now=1.1)

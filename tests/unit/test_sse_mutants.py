@@ -1,0 +1,46 @@
+"""The SSE decoder: a field without a space after its colon, text that is not UTF-8 in a field,
+and the second call after a failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.errors import HttpError, ProtocolError
+from domain.sse import SseData, SseDecoder
+
+
+def test_an_error_field_without_a_space_after_the_colon_keeps_its_whole_json() -> None:
+    decoder = SseDecoder()
+    with pytest.raises(HttpError) as caught:
+        decoder.feed(b'error:{"code":503,"message":"Loading model"}\n\n')
+    assert caught.value.status == 503
+    assert caught.value.body == '{"code":503,"message":"Loading model"}'
+
+
+def test_an_unknown_field_without_a_space_after_the_colon_is_ignored() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"event:x\nid:1\ndata: {}\n\n") == [SseData("{}")]
+
+
+def test_a_field_value_that_is_not_utf8_is_refused_as_a_field_value() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        SseDecoder().feed(b"event: \xff\n\n")
+    assert str(caught.value) == "SSE field value is not valid UTF-8 at byte 0: b'\\xff'"
+
+
+def test_a_field_name_that_is_not_utf8_is_refused_as_a_field_name() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        SseDecoder().feed(b"ev\xffnt: x\n\n")
+    assert str(caught.value) == "SSE field name is not valid UTF-8 at byte 2: b'ev\\xffnt'"
+
+
+def test_after_a_failure_the_next_call_says_the_stream_already_failed() -> None:
+    decoder = SseDecoder()
+    with pytest.raises(ProtocolError) as first:
+        decoder.feed(b"event: \xff\n\n")
+    with pytest.raises(ProtocolError) as second:
+        decoder.feed(b"data: {}\n\n")
+    assert str(second.value) == f"SSE stream already failed: {first.value}"
+    assert second.value.__cause__ is first.value
+    with pytest.raises(ProtocolError, match=r"^SSE stream already failed: "):
+        decoder.end()
