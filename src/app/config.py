@@ -60,6 +60,8 @@ MAX_CAP_BYTES = 1 << 30
 MAX_QUEUE_PER_SLOT = 1024
 # Every attempt after the first needs its own entry in `delays_ms`; more than this is a typo.
 MAX_ATTEMPTS = 100
+# The waits between attempts when `retry` says nothing: the brief's schedule.
+DEFAULT_DELAYS_MS = (2000, 8000, 30_000)
 # `sun_path` is 108 bytes on Linux, one of them the terminating NUL.
 SOCKET_PATH_BYTES = 107
 # A config file is a few hundred bytes; the cap keeps a wrong path (a log, an image) from being
@@ -149,7 +151,7 @@ class Limits(_Section):
 
 class Retry(_Section):
     attempts: Annotated[StrictInt, Field(gt=0, le=MAX_ATTEMPTS)] = 4
-    delays_ms: Annotated[tuple[DelayMs, ...], Field(validate_default=True)] = (2000, 8000, 30_000)
+    delays_ms: Annotated[tuple[DelayMs, ...], Field(validate_default=True)] = DEFAULT_DELAYS_MS
     jitter: Annotated[StrictFloat, Field(ge=0.0, lt=1.0)] = 0.25
     total_ms: Ms = 300_000
 
@@ -159,10 +161,22 @@ class Retry(_Section):
         attempts = info.data.get("attempts")
         if attempts is not None and len(delays) != attempts - 1:
             raise ValueError(
-                f"has {len(delays)} entries but attempts = {attempts} needs {attempts - 1} "
-                "(one wait between two attempts)"
+                f"has {_entries(len(delays))} but attempts = {attempts} needs {_entries(attempts - 1)} "
+                f"(one wait between two attempts), e.g. delays_ms = {_delays_for(attempts)}"
             )
         return delays
+
+
+def _entries(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
+
+
+def _delays_for(attempts: int) -> str:
+    """A `delays_ms` that fits `attempts`: the default waits cut short, or with the last repeated."""
+    needed = attempts - 1
+    delays = list(DEFAULT_DELAYS_MS[:needed])
+    delays += [DEFAULT_DELAYS_MS[-1]] * (needed - len(delays))
+    return "[" + ", ".join(str(delay) for delay in delays) + "]"
 
 
 class Sampling(_Section):

@@ -7,6 +7,8 @@
 `python -m app.selftest --config PATH` prints one line per check, each starting `ok` or `FAIL`,
 then a summary line, and exits 0 only if all three pass (1 if a check fails, 2 if it could not
 run at all: a bad config, a missing `[expect]`, a client that cannot be built).
+`--print-expect` runs no check: it prints the `[expect]` block that matches the live server's
+`/props` (exit 0), or one `FAIL` line on stderr (exit 1; 2 for a config it cannot use).
 
 Invariants:
 - Every failure is one `FAIL` line, never a traceback: a check that raises anything (an
@@ -36,6 +38,7 @@ from domain.cache import cache_outcome
 from domain.completion import Completion, FinishReason
 from domain.errors import ConnectError, InferError, LoadTimeout
 from domain.events import ChatEvent
+from domain.llama_api import Props
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, ToolSchema, UserMessage
 
 MAIN_SLOT = 0
@@ -140,10 +143,11 @@ def check_tool_call(client: Client, config: Config) -> CheckResult:
     if not calls:
         names = [c.name for c in completion.tool_calls] or "none"
         content = "no content" if completion.content is None else f"content {completion.content[:80]!r}"
+        hint = "" if completion.tool_calls else _prefill_hint(config)
         return CheckResult(
             "tool call",
             False,
-            f"no {TOOL.name} call (calls: {names}; finish_reason {completion.finish_reason.value}; {content})",
+            f"no {TOOL.name} call (calls: {names}; finish_reason {completion.finish_reason.value}; {content})" + hint,
             tokens,
         )
     try:
@@ -163,6 +167,16 @@ def check_tool_call(client: Client, config: Config) -> CheckResult:
         True,
         f"{TOOL.name}({calls[0].arguments}) parsed, finish_reason tool_calls, {tokens} tokens",
         tokens,
+    )
+
+
+def _prefill_hint(config: Config) -> str:
+    """Where to look when the model answered without any tool call."""
+    if config.selftest.tool_prefill:
+        return "; [selftest] tool_prefill is set: check that it opens a call in this template's syntax"
+    return (
+        "; a model that does not call tools on its own needs [selftest] tool_prefill, "
+        "the opening of a call in its template's syntax"
     )
 
 
@@ -260,6 +274,33 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _say_error(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def expect_toml(props: Props) -> str:
+    """The `[expect]` block the props check passes against the server that answered `props`."""
+    return (
+        "[expect]\n"
+        f'chat_template_sha256 = "{props.chat_template_sha256}"\n'
+        f"n_ctx = {props.n_ctx}\n"
+        f"total_slots = {props.total_slots}\n"
+    )
+
+
+def print_expect(client: Client) -> int:
+    """Print `expect_toml` of the live server on stdout (exit 0); a failure is one `FAIL` line on
+    stderr (exit 1), so that stdout can be appended to a config file as it is."""
+    try:
+        props = client.props()
+    except Exception as exc:  # one line, never a traceback
+        _say_error(f"FAIL props: {_one_line(describe_error(exc))}")
+        return 1
+    sys.stdout.write(expect_toml(props))
+    sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from app import __version__
 
@@ -267,24 +308,32 @@ def main(argv: list[str] | None = None) -> int:
     # `--version` answers and exits 0 while the arguments are read, before `--config` is found missing.
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", required=True, help="path to config.toml")
+    parser.add_argument(
+        "--print-expect",
+        action="store_true",
+        help="print the [expect] block that matches the live server, run no check ([expect] not needed)",
+    )
     args = parser.parse_args(argv)
+    say = _say_error if args.print_expect else _say
     try:
         config = load_config(args.config)
-        if config.expect is None:
+        if config.expect is None and not args.print_expect:
             raise ConfigError(
                 f"{args.config}: the self-test needs an [expect] section (chat_template_sha256, n_ctx, total_slots)"
             )
     except ConfigError as exc:
-        _say(f"FAIL config: {_one_line(str(exc))}")
+        say(f"FAIL config: {_one_line(str(exc))}")
         return 2
     except Exception as exc:  # could not run: exit 2 with a FAIL line, not a traceback
-        _say(f"FAIL config: {_one_line(describe_error(exc))}")
+        say(f"FAIL config: {_one_line(describe_error(exc))}")
         return 2
     try:
         client = Container(config=selftest_config(config)).client()
     except Exception as exc:
-        _say(f"FAIL setup: cannot build the client: {_one_line(describe_error(exc))}")
+        say(f"FAIL setup: cannot build the client: {_one_line(describe_error(exc))}")
         return 2
+    if args.print_expect:
+        return print_expect(client)
     report = run(config, client, _say)
     return 0 if report.ok else 1
 

@@ -29,10 +29,10 @@ class CacheOutcome:
         return max(0, self.expected - self.cached)
 
     def __str__(self) -> str:
-        verdict = "cache loss" if self.lost else "cache hit"
+        verdict, bound = ("cache loss", "more than") if self.lost else ("cache hit", "no more than")
         return (
-            f"{verdict}: {self.cached} of {self.expected} tokens cached "
-            f"({self.shortfall} short, loss above {self.loss_tokens})"
+            f"{verdict}: reused {self.cached} of the {self.expected} tokens the previous request left in the slot; "
+            f"{self.shortfall} processed again, {bound} the {self.loss_tokens} allowed"
         )
 
 

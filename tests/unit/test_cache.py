@@ -36,10 +36,16 @@ def test_first_request_on_an_empty_slot_is_not_a_loss() -> None:
 
 def test_outcome_reads_with_both_numbers() -> None:
     assert str(cache_outcome(PREVIOUS, Timings(cache_n=100))) == (
-        "cache loss: 100 of 1200 tokens cached (1100 short, loss above 64)"
+        "cache loss: reused 100 of the 1200 tokens the previous request left in the slot; "
+        "1100 processed again, more than the 64 allowed"
     )
+    # A hit with tokens processed again reads as a hit and says why: the shortfall is tolerated.
     assert str(cache_outcome(PREVIOUS, Timings(cache_n=1190))) == (
-        "cache hit: 1190 of 1200 tokens cached (10 short, loss above 64)"
+        "cache hit: reused 1190 of the 1200 tokens the previous request left in the slot; "
+        "10 processed again, no more than the 64 allowed"
+    )
+    assert str(cache_outcome(PREVIOUS, Timings(cache_n=1136))).endswith(
+        "64 processed again, no more than the 64 allowed"
     )
 
 

@@ -14,7 +14,10 @@ def test_the_outcome_carries_the_tolerance_it_was_judged_by() -> None:
     outcome = cache_outcome(PREVIOUS, Timings(cache_n=1185), loss_tokens=10)
     assert outcome.lost
     assert outcome.loss_tokens == 10
-    assert str(outcome) == "cache loss: 1185 of 1200 tokens cached (15 short, loss above 10)"
+    assert str(outcome) == (
+        "cache loss: reused 1185 of the 1200 tokens the previous request left in the slot; "
+        "15 processed again, more than the 10 allowed"
+    )
 
 
 def test_a_negative_tolerance_is_refused_with_its_value() -> None:

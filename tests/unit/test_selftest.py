@@ -217,9 +217,24 @@ def test_tool_call_fails_when_the_model_calls_no_tool(selftest_on: Callable[...,
     outcome = selftest_on(Server(tool=text_answer("It is noon in Paris.", cache_n=0, prompt_n=150)))
 
     assert check_lines(outcome)[1] == (
-        "FAIL tool call: no get_time call (calls: none; finish_reason stop; content 'It is noon in Paris.')"
+        "FAIL tool call: no get_time call (calls: none; finish_reason stop; content 'It is noon in Paris.'); "
+        "a model that does not call tools on its own needs [selftest] tool_prefill, "
+        "the opening of a call in its template's syntax"
     )
     assert_summary(outcome, 2)
+
+
+def test_tool_call_without_a_call_despite_a_prefill_says_to_check_the_prefill(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    outcome = selftest_on(
+        Server(tool=text_answer("It is noon.", cache_n=0, prompt_n=150)), selftest={"tool_prefill": "<tool_call>"}
+    )
+
+    assert check_lines(outcome)[1] == (
+        "FAIL tool call: no get_time call (calls: none; finish_reason stop; content 'It is noon.'); "
+        "[selftest] tool_prefill is set: check that it opens a call in this template's syntax"
+    )
 
 
 def test_tool_call_fails_when_the_model_calls_another_tool(selftest_on: Callable[..., Outcome]) -> None:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 # sun_path holds 108 bytes on Linux; one is kept for the NUL that C clients write after the path.
 MAX_SOCKET_PATH_BYTES = 107
@@ -95,6 +96,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
 
 
 def parse_upstream(value: str) -> Address:
+    if "://" in value:
+        raise UsageError(f"--upstream takes HOST:PORT, not a URL{_without_scheme(value)}, got {value!r}")
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise UsageError(f"--upstream must be HOST:PORT, got {value!r}")
@@ -110,6 +113,19 @@ def parse_upstream(value: str) -> Address:
     if not 1 <= port <= 65535:
         raise UsageError(f"--upstream port must be between 1 and 65535, got {port}")
     return Address(host, port)
+
+
+def _without_scheme(url: str) -> str:
+    """ ", as 127.0.0.1:8181" when the URL holds a host and a port, else nothing."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return ""
+    if not parts.hostname or port is None:
+        return ""
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f", as {host}:{port}"
 
 
 def check_socket_path(path: str) -> str:
