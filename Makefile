@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck unit mutation llama-server model transcripts device demo bench clean
+.PHONY: test lint typecheck unit mutation llama-server model transcripts device demo serve bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ device: llama-server model
 
 demo: llama-server model
 	$(PY) scripts/demo.py
+
+# The small model's llama-server and the proxy on .run/infer.sock, with a matching .run/config.toml,
+# until Ctrl-C: the stack the README's examples run against.
+serve: llama-server model
+	$(PY) scripts/serve.py
 
 bench: llama-server model
 	$(PY) bench/run_all.py

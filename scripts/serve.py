@@ -1,0 +1,136 @@
+"""`make serve`: a local stack to try the client against, until Ctrl-C.
+
+Starts the small model's llama-server (the "tools" preset of `tests/device/llama.py`: the Qwen3
+template, two slots of 4096 tokens, on a free port of 127.0.0.1) and an `inferproxy` in front of it
+on `RUN/infer.sock`, then writes into the run folder (`.run/` of the repo unless `--run-dir`):
+
+    config.toml     a config for that socket, with the [expect] block the live server's /props
+                    gives (`app.selftest.expect_toml`) and the tool prefill the small model needs
+    upstream        the server's HOST:PORT, for a second proxy or a look at the server itself
+    logs/           the server's log
+
+It prints the config's path and what to try next, then one line "serving; Ctrl-C stops it" once
+everything is ready (tests wait for that line). SIGINT or SIGTERM stops the proxy (which removes
+the socket) and the server, and exits 0; if either dies on its own, the other is stopped and the
+exit is 1. The config and the logs stay behind; the socket and `upstream` do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import FrameType
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "device"))
+
+import llama  # noqa: E402  (server presets shared with the device tier and the demo)
+from proxy import ProxyProcess  # noqa: E402
+
+from app.config import parse_config  # noqa: E402
+from app.container import Container  # noqa: E402
+from app.selftest import expect_toml  # noqa: E402
+
+READY_LINE = "serving; Ctrl-C stops it"
+PRESET = "tools"
+# Answers of the small model are capped so that a rambling one still ends in a few seconds.
+MAX_TOKENS = 512
+
+
+def config_text(socket_path: Path, expect: str) -> str:
+    prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f"""\
+# Written by `make serve` (scripts/serve.py) for the stack it runs; every other key has its default
+# (examples/config.toml lists them all).
+socket = "{socket_path}"
+model = "{llama.ALIAS}"                 # the server's --alias
+
+[limits]
+max_tokens = {MAX_TOKENS}
+
+# From the live server's /props (`python -m app.selftest --print-expect --config THIS_FILE`).
+{expect}
+[selftest]
+# The small model completes a tool call only when its opening is handed to it (Qwen3 syntax).
+tool_prefill = "{prefill}"
+"""
+
+
+def live_expect(socket_path: Path) -> str:
+    config = parse_config({"socket": str(socket_path), "model": llama.ALIAS})
+    with Container(config=config).client() as client:
+        return expect_toml(client.props())
+
+
+def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(run_dir: Path) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    socket_path = run_dir / "infer.sock"
+    upstream_file = run_dir / "upstream"
+    config_path = run_dir / "config.toml"
+    with ExitStack() as stack:
+        server = llama.launch(PRESET, log_dir=run_dir / "logs")
+        stack.callback(server.stop)
+        upstream = f"{server.host}:{server.port}"
+        proxy = stack.enter_context(ProxyProcess(upstream, str(socket_path)))
+        stack.callback(upstream_file.unlink, missing_ok=True)
+        upstream_file.write_text(upstream + "\n", encoding="utf-8")
+        config_path.write_text(config_text(socket_path, live_expect(socket_path)), encoding="utf-8")
+        rel = _shown(run_dir)
+        print(
+            f"llama-server ({PRESET} preset, {llama.paths().model.name}) on {upstream}, log {server.log_path}\n"
+            f"{proxy.start_line}\n"
+            f"config: {config_path}\n"
+            "\n"
+            "try, in another terminal (in the repo, with `. .venv/bin/activate`):\n"
+            f"  python -m app.selftest --config {rel}/config.toml\n"
+            f"  python -m app.selftest --print-expect --config {rel}/config.toml\n"
+            f"  curl -s --unix-socket {rel}/infer.sock http://localhost/props | head -c 300; echo\n"
+            '  and the README\'s examples ("Using the client", "The self-test", "Running the proxy")\n',
+            flush=True,
+        )
+        print(READY_LINE, flush=True)
+        while True:
+            time.sleep(0.5)
+            if not server.running():
+                print(f"llama-server exited ({server.process.returncode}); see {server.log_path}", flush=True)
+                return 1
+            if proxy.process is None or proxy.process.poll() is not None:
+                print("inferproxy exited; stopping the server", flush=True)
+                return 1
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", type=Path, default=REPO / ".run", help="the run folder (default: .run/)")
+    args = parser.parse_args(argv)
+    # Both signals unwind the same way, so every started process is stopped in order. SIGINT is set
+    # explicitly: a shell starts a background job with it ignored, and `kill -INT` must still stop us.
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
+    try:
+        return serve(args.run_dir)
+    except KeyboardInterrupt:
+        print("\nstopped inferproxy and llama-server", flush=True)
+        return 0
+    except (llama.ServerStartError, RuntimeError) as exc:
+        print(f"serve: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
