@@ -6,8 +6,10 @@ import orjson
 import pytest
 
 from domain.chat_stream import ChatStream, PostReasoningEnd, StreamLimits
-from domain.errors import ProtocolError, Stalled, ThinkingOverrun
+from domain.errors import ProtocolError, Stalled, StreamClosedEarly, ThinkingOverrun
 from domain.events import Reasoning, ThinkingCapped
+
+OVER = "^the stream is over: no more bytes are taken$"
 
 
 def limits(thinking_cap: int = 100, thinking_overrun: int = 0) -> StreamLimits:
@@ -45,7 +47,7 @@ def test_the_cap_without_a_completion_id_ends_the_stream_at_that_chunk() -> None
     assert str(steps[1]) == (
         "reasoning_end posted at 1 reasoning tokens was not accepted: the stream carried no completion id"
     )
-    with pytest.raises(ProtocolError, match="the stream is over"):
+    with pytest.raises(ProtocolError, match=OVER):
         stream.feed(reasoning("c"), now=0.2)
 
 
@@ -57,7 +59,7 @@ def test_reasoning_past_the_overrun_ends_the_feed_at_that_chunk() -> None:
     assert steps[0] == Reasoning("b")
     assert len(steps) == 2
     assert isinstance(steps[1], ThinkingOverrun)
-    with pytest.raises(ProtocolError, match="the stream is over"):
+    with pytest.raises(ProtocolError, match=OVER):
         stream.feed(reasoning("d"), now=0.3)
 
 
@@ -67,7 +69,7 @@ def test_a_refused_control_call_ends_the_stream() -> None:
     with pytest.raises(ThinkingOverrun) as caught:
         stream.control_answered("")
     assert str(caught.value) == "reasoning_end posted at 1 reasoning tokens was not accepted: "
-    with pytest.raises(ProtocolError, match="the stream is over"):
+    with pytest.raises(ProtocolError, match=OVER):
         stream.feed(reasoning("b"), now=0.2)
 
 
@@ -76,5 +78,32 @@ def test_silence_that_stalled_the_stream_ends_it() -> None:
     stream.silence(0.5)  # not yet
     with pytest.raises(Stalled):
         stream.silence(1.0)
-    with pytest.raises(ProtocolError, match="the stream is over"):
+    with pytest.raises(ProtocolError, match=OVER):
         stream.feed(reasoning("late"), now=1.1)
+
+
+def timings(predicted_n: int) -> bytes:
+    """A chunk that carries only timings: progress only while `predicted_n` grows up to max_tokens."""
+    return (
+        b"data: " + orjson.dumps({"id": "chatcmpl-1", "choices": [], "timings": {"predicted_n": predicted_n}}) + b"\n\n"
+    )
+
+
+def test_tokens_past_max_tokens_are_no_progress_and_the_silence_ends_in_stalled() -> None:
+    stream = ChatStream(limits(), max_tokens=10, now=0.0)
+    assert stream.feed(timings(5), now=0.9) == []  # progress: the silence restarts at 0.9
+    assert stream.feed(timings(11), now=1.5) == []  # past max_tokens: no progress
+    steps = stream.feed(timings(12), now=2.0)
+    assert len(steps) == 1
+    assert isinstance(steps[0], Stalled)
+    assert str(steps[0]) == "no data for 1100 ms (liveness limit 1000 ms)"
+    with pytest.raises(ProtocolError, match=OVER):
+        stream.feed(timings(13), now=2.1)
+
+
+def test_done_before_the_final_chunk_ends_the_stream_at_once() -> None:
+    stream = ChatStream(limits(), max_tokens=10, now=0.0)
+    steps = stream.feed(reasoning("a") + b"data: [DONE]\n\n", now=0.1)
+    assert steps[0] == Reasoning("a")
+    assert len(steps) == 2
+    assert isinstance(steps[1], StreamClosedEarly)

@@ -1,13 +1,31 @@
-"""stream_error takes a code as the status exactly when it is an HTTP status, 100 to 599."""
+"""stream_error takes a code as its status only from 100 to 599; HttpError keeps any body as text."""
 
 from __future__ import annotations
 
 import pytest
 
-from domain.errors import stream_error
+from domain.errors import HttpError, stream_error
 
 
 @pytest.mark.parametrize(("code", "status"), [(99, 500), (100, 100), (101, 101), (598, 598), (599, 599), (600, 500)])
 def test_a_code_is_the_status_only_from_100_to_599(code: int, status: int) -> None:
     assert stream_error({"error": {"code": code}}, "body").status == status
     assert stream_error({"code": code}, "body").status == status
+
+
+def test_an_error_body_text_with_a_lone_surrogate_is_kept_with_a_replacement() -> None:
+    assert HttpError(500, "bad \ud800 body").body == "bad ? body"
+
+
+def test_an_error_body_that_is_not_utf8_is_kept_with_replacement_characters() -> None:
+    assert HttpError(502, b"bad \xff body").body == "bad \ufffd body"
+
+
+def test_an_error_body_cut_inside_a_character_ends_with_a_replacement_character() -> None:
+    assert HttpError(500, "ééé", limit=3).body == "é\ufffd"
+
+
+def test_the_message_quotes_the_first_200_characters_of_the_body() -> None:
+    error = HttpError(503, "x" * 300)
+    assert str(error) == "HTTP 503: " + "x" * 200
+    assert error.body == "x" * 300
