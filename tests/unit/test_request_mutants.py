@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from domain.messages import AssistantMessage, ChatRequest, ToolCall, ToolSchema, UserMessage
+from domain.messages import (
+    AssistantMessage,
+    ChatRequest,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    ToolSchema,
+    UserMessage,
+)
 from domain.request import RequestError, RequestSettings, build_chat_body, build_control_body
 
 SETTINGS = RequestSettings(model="m", max_tokens=16)
@@ -67,3 +75,72 @@ def test_a_control_call_id_that_is_not_valid_unicode_is_refused_as_the_control_c
 def test_a_tool_description_that_is_not_text_is_named_by_its_path() -> None:
     bad = ToolSchema(name="g", description=None, parameters={})  # type: ignore[arg-type]
     assert refusal(with_tools(TOOL, bad)) == "tools[1].description must be a string, not NoneType"
+
+
+def test_an_empty_request_is_refused_in_so_many_words() -> None:
+    assert refusal(ChatRequest(slot=0, messages=[])) == "a request needs at least one message"
+
+
+def test_required_tool_choice_without_tools_is_refused_in_so_many_words() -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi")], tool_choice="required")
+    assert refusal(req) == 'tool_choice "required" needs at least one tool'
+
+
+def test_thinking_that_is_not_a_bool_is_refused_naming_its_type() -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi")], thinking="yes")  # type: ignore[arg-type]
+    assert refusal(req) == "thinking must be a bool, not str"
+
+
+def test_a_slot_that_is_not_an_integer_is_refused_naming_its_type() -> None:
+    assert refusal(ChatRequest(slot="0", messages=[UserMessage("hi")])) == "slot must be an integer, not str"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("slot", "total", "message"),
+    [
+        (1, 1, "slot 1 is outside the server's 1 slots (0..0)"),
+        (0, 0, "slot 0 is outside the server's 0 slots (none)"),
+    ],
+)
+def test_a_slot_out_of_range_is_refused_with_the_range_there_is(slot: int, total: int, message: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        build_chat_body(ChatRequest(slot=slot, messages=[UserMessage("hi")]), SETTINGS, total_slots=total)
+    assert str(caught.value) == message
+
+
+def test_max_tokens_of_one_is_sent() -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi")])
+    body = build_chat_body(req, RequestSettings(model="m", max_tokens=1), total_slots=1)
+    assert b'"max_tokens":1' in body
+
+
+@pytest.mark.parametrize("max_tokens", [True, 1.5, 0])
+def test_max_tokens_that_is_not_a_positive_integer_is_refused(max_tokens: object) -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi")])
+    with pytest.raises(RequestError) as caught:
+        build_chat_body(req, RequestSettings(model="m", max_tokens=max_tokens), total_slots=1)  # type: ignore[arg-type]
+    assert str(caught.value).startswith("max_tokens must be a positive integer")
+    assert str(caught.value).endswith(f", not {max_tokens!r}")
+
+
+@pytest.mark.parametrize(
+    ("message", "path"),
+    [
+        (SystemMessage(5), "messages[1].content"),  # type: ignore[arg-type]
+        (AssistantMessage(content=5), "messages[1].content"),  # type: ignore[arg-type]
+        (AssistantMessage(reasoning_content=5), "messages[1].reasoning_content"),  # type: ignore[arg-type]
+        (ToolMessage(tool_call_id=5, content="x"), "messages[1].tool_call_id"),  # type: ignore[arg-type]
+        (ToolMessage(tool_call_id="c", content=5), "messages[1].content"),  # type: ignore[arg-type]
+    ],
+)
+def test_message_text_that_is_not_a_string_is_named_by_its_path(message: object, path: str) -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi"), message])  # type: ignore[list-item]
+    assert refusal(req) == f"{path} must be a string, not int"
+
+
+def test_parameters_nested_too_deeply_are_refused_not_crashed_on() -> None:
+    nested: dict[str, object] = {}
+    for _ in range(100_000):
+        nested = {"a": nested}
+    req = with_tools(ToolSchema(name="f", description="d", parameters=nested))
+    assert refusal(req) == "the request is nested too deeply to render as JSON"
