@@ -167,7 +167,15 @@ def main() -> int:
             f"{t.predicted_n} generated, {answer.reasoning_tokens} of them reasoning"
             f"{f' (capped at {THINKING_CAP})' if answer.thinking_capped else ''}"
         )
-        print(f"cache: {cache_outcome(first.timings, t, config.limits.cache_loss_tokens)}")
+        outcome = cache_outcome(first.timings, t, config.limits.cache_loss_tokens)
+        print(outcome)
+        if outcome.shortfall:
+            # Checked with /apply-template: turn 1 was generated after "<think>\n\n</think>\n\n",
+            # which the Qwen3.5 template leaves out when it renders turn 1 as history.
+            print(
+                f"{DIM}(processed again: this template leaves turn 1's empty thinking block out of the "
+                f"history, so the prompt differs from there on, turn 1's answer included){RESET}"
+            )
     print(f"stopped servers and proxies; total {time.monotonic() - started:.1f} s")
     return 0
 
