@@ -69,3 +69,12 @@ def test_a_waiter_asleep_in_the_queue_is_woken_by_a_cancel() -> None:
         thread.join(JOIN_S)
     assert [type(e) for e in raised] == [Cancelled]
     assert gate.waiting(0) == 0
+
+
+def test_a_ticket_that_holds_the_slot_at_once_has_no_one_ahead() -> None:
+    gate = SlotGate(queue_per_slot=1)
+    holder = gate.enter(0)
+    waiter = gate.enter(0)
+    assert (holder.ahead, waiter.ahead) == (0, 1)
+    gate.leave(waiter)
+    gate.leave(holder)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from domain.errors import HttpError, ProtocolError
-from domain.sse import SseData, SseDecoder
+from domain.sse import SSE_DONE, SseData, SseDecoder
 
 
 def test_an_error_field_without_a_space_after_the_colon_keeps_its_whole_json() -> None:
@@ -44,3 +44,21 @@ def test_after_a_failure_the_next_call_says_the_stream_already_failed() -> None:
     assert second.value.__cause__ is first.value
     with pytest.raises(ProtocolError, match=r"^SSE stream already failed: "):
         decoder.end()
+
+
+def test_a_second_end_keeps_the_partial_event_the_first_one_saw() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b'data: {"cut":') == []
+    assert decoder.end() == []
+    assert decoder.partial_event
+    assert decoder.end() == []
+    assert decoder.partial_event
+
+
+def test_a_feed_after_end_is_refused_also_after_done() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: [DONE]\n\n") == [SSE_DONE]
+    assert decoder.end() == []
+    assert not decoder.partial_event
+    with pytest.raises(ValueError, match=r"called after end\(\)"):
+        decoder.feed(b"data: {}\n\n")
