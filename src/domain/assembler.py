@@ -256,9 +256,10 @@ class Assembler:
             old_id, old_name = call.id, call.name
             call.id = _set_once(index, "id", old_id, new_id)
             call.name = _set_once(index, "name", old_name, name)
-            if call.id is not old_id and call.id is not None:
+            # `_set_once` refused a changed value, so a value is new only where there was none.
+            if old_id is None and call.id is not None:
                 self._grow(call.id)
-            if call.name is not old_name and call.name is not None:
+            if old_name is None and call.name is not None:
                 self._grow(call.name)
                 self.advanced = True
             arguments = function.get("arguments")

@@ -54,11 +54,6 @@ def test_an_id_sent_once_counts_once_against_the_answer_cap() -> None:
     assert assembler.result().tool_calls == (ToolCall("abc", "fn", "xy"),)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the assembler compares a repeated id or name by identity, so an equal value decoded "
-    "again counts as new: charged to the answer cap again and taken as progress",
-)
 def test_a_repeated_equal_id_and_name_neither_count_again_nor_advance() -> None:
     assembler = Assembler(max_answer_bytes=20)
     assembler.feed(call_delta(id="call_1", function={"name": "get_time", "arguments": ""}))
