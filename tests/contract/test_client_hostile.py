@@ -59,6 +59,8 @@ NOTHING_NEW = {
     "tool-call-index-only": chunk({"tool_calls": [{"index": 0}]}),
     "tool-call-id-only": chunk({"tool_calls": [{"index": 0, "id": "call-1"}]}),
     "usage": {"choices": [], "usage": {"completion_tokens": 1}, "id": CID},
+    # The first one names the call (progress); each repeat of the same name and id is nothing new.
+    "same-tool-call-name": chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get_time"}}]}),
 }
 
 
