@@ -2,11 +2,15 @@
 
 Frozen dataclasses with slots: they are built once per request and never change, so a retry
 renders the same bytes again.
+
+A request may override, for itself alone, what otherwise comes from the config: `max_tokens`,
+the sampling settings (`Sampling`, each field `None` = the config's value) and `stop`; and it may
+ask for constrained output (`response_format`). `domain.request` checks every one of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,11 +63,34 @@ class ToolSchema:
 
 
 @dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling settings for one request. A field left `None` keeps the config's value."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """One chat on one slot. `tools` is fixed for an epoch and may be empty."""
+    """One chat on one slot. `tools` is fixed for an epoch and may be empty.
+
+    The last four fields are per-request options; left at their defaults, the request renders
+    exactly as it would without them. `max_tokens` and `sampling` replace the config's values
+    for this request only; `stop` adds stop strings (the server cuts the answer before the
+    first one it meets); `response_format` is the chat-completions object that constrains the
+    answer, e.g. `{"type": "json_schema", "json_schema": {"name": "person", "schema": {...}}}`,
+    sent exactly as given.
+    """
 
     slot: int
     messages: Sequence[ChatMessage]
     tools: Sequence[ToolSchema] = field(default_factory=tuple)
     thinking: bool = False
     tool_choice: ToolChoice = "auto"
+    max_tokens: int | None = None
+    sampling: Sampling | None = None
+    stop: tuple[str, ...] = ()
+    response_format: Mapping[str, Any] | None = None

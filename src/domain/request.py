@@ -14,11 +14,31 @@ Pinned where the brief is silent: `tools` and `tool_choice` are sent only when t
 one tool (the template renders no tool section either way, and `tool_choice: "required"` with no
 tool is refused as a caller error); sampling fields set to `None` are left out, so the server's
 default applies.
+
+Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_format`):
+- Unset, they change nothing: the body is byte for byte what it is without them. Set,
+  `max_tokens` and each sampling field take the config's value's place (same key, same
+  position); a sampling field the config leaves out goes where it would have been. `stop` and
+  then `response_format` come last, and only when given.
+- Each is held to the bounds the config's own values are held to (llama-server keeps token
+  counts and `top_k` in an int32, `seed` in a uint32 with -1 for random, `temperature` in a C
+  float). `stop` is at most `MAX_STOP` non-empty strings (llama-server sets no limit; more than a
+  few is a mistake).
+- `response_format` is checked only where llama-server would misread it silently: a `type` it
+  does not know is an error there, but a missing or non-string `type`, a `json_schema` without a
+  `schema` object, or a `schema` that is not an object all quietly become "any JSON" or "no
+  constraint". Everything else is sent exactly as given, key order kept: the grammar follows the
+  schema's property order. At most `MAX_FORMAT_DEPTH` levels of nesting, string keys only.
+- With tools, `response_format` wins: the answer is held to the schema and no tool can be called.
+  `tool_choice: "required"` with a `response_format` asks for both and is refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import reprlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +47,7 @@ from domain.messages import (
     TOOL_CHOICES,
     AssistantMessage,
     ChatRequest,
+    Sampling,
     SystemMessage,
     ToolCall,
     ToolMessage,
@@ -35,6 +56,28 @@ from domain.messages import (
 )
 
 CONTROL_ACTION = "reasoning_end"
+
+# The bounds `app.config` holds the config's values to (the domain cannot import it): llama-server
+# reads token counts and `top_k` into int32, `seed` into uint32 (-1 is its "random seed", any
+# other negative number would wrap), `temperature` into a C float (past its range it arrives as inf).
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+RANDOM_SEED = -1
+FLOAT32_MAX = 3.4028234663852886e38
+SAMPLING_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed")
+# llama-server takes any number of stop strings and checks each against the tail of the answer
+# after every token; past this many, the list is a mistake, not a request.
+MAX_STOP = 16
+# The `type`s llama-server knows; "text" means no constraint.
+RESPONSE_FORMAT_TYPES: tuple[str, ...] = ("json_schema", "json_object", "text")
+# A JSON Schema a model can follow is a few levels deep; the cap also stops a cycle.
+MAX_FORMAT_DEPTH = 64
+
+# Bad values are quoted in messages; a huge one is shortened, never printed whole.
+_quote = reprlib.Repr()
+_quote.maxstring = 60
+_quote.maxlong = 40
+_quote.maxother = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +173,129 @@ def _check_slot(slot: object, total_slots: int | None) -> int:
     return slot
 
 
+def _number(value: object, where: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(f"{where} must be a number, not {type(value).__name__}")
+    try:
+        # A float, as the config's floats are: `1` and `1.0` render the same.
+        number = float(value)
+    except OverflowError:  # an int past the float range
+        number = math.inf
+    if not low <= number <= high:  # also refuses nan
+        raise RequestError(f"{where} must be a finite number from {low:g} to {high:g}, not {_quote.repr(value)}")
+    return number
+
+
+def _integer(value: object, where: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(f"{where} must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise RequestError(f"{where} must be from {low} to {high}, not {_quote.repr(value)}")
+    return value
+
+
+def _sampling_override(name: str, value: object) -> float | int:
+    where = f"sampling.{name}"
+    if name == "temperature":
+        return _number(value, where, 0.0, FLOAT32_MAX)
+    if name == "top_k":
+        return _integer(value, where, 0, INT32_MAX)
+    if name == "seed":
+        return _integer(value, where, RANDOM_SEED, UINT32_MAX)
+    return _number(value, where, 0.0, 1.0)  # top_p, min_p
+
+
+def _sampling(override: object, settings: RequestSettings) -> dict[str, Any]:
+    """The sampling fields in their fixed order: the request's value, else the config's."""
+    if override is not None and not isinstance(override, Sampling):
+        raise RequestError(f"sampling must be a Sampling, not {type(override).__name__}")
+    out: dict[str, Any] = {}
+    for name in SAMPLING_FIELDS:
+        mine = None if override is None else getattr(override, name)
+        value = getattr(settings, name) if mine is None else _sampling_override(name, mine)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _valid_text(text: str, where: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{where} holds text that is not valid Unicode ({exc.reason})") from exc
+    return text
+
+
+def _stop(stop: object) -> list[str]:
+    if not isinstance(stop, tuple | list):
+        raise RequestError(f"stop must be a tuple or list of strings, not {type(stop).__name__}")
+    if len(stop) > MAX_STOP:
+        raise RequestError(f"stop has {len(stop)} strings, more than {MAX_STOP}")
+    out = []
+    for index, text in enumerate(stop):
+        where = f"stop[{index}]"
+        if not isinstance(text, str) or not text:
+            raise RequestError(f"{where} must be a non-empty string, not {_quote.repr(text)}")
+        out.append(_valid_text(text, where))
+    return out
+
+
+def _json_tree(value: object, where: str, depth: int = 0) -> Any:
+    """`value` as plain JSON (mappings as dicts in their own key order), or `RequestError`
+    naming the first part that is not JSON, or that lies past `MAX_FORMAT_DEPTH`."""
+    if isinstance(value, str):
+        return _valid_text(value, where)
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise RequestError(f"{where} must be a finite number, not {value!r}")
+        return value
+    if depth >= MAX_FORMAT_DEPTH:
+        raise RequestError(f"response_format is nested more than {MAX_FORMAT_DEPTH} levels deep (at {where})")
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RequestError(f"{where} has a key that is not a string: {_quote.repr(key)}")
+            out[_valid_text(key, f"{where} key")] = _json_tree(item, f"{where}.{key}", depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        return [_json_tree(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+    raise RequestError(f"{where} is a {type(value).__name__}, not a JSON value")
+
+
+def _schema_object(container: Mapping[str, Any], where: str, *, required: bool) -> None:
+    if "schema" not in container and not required:
+        return
+    if not isinstance(container.get("schema"), Mapping):
+        found = type(container["schema"]).__name__ if "schema" in container else "nothing"
+        raise RequestError(f"{where}.schema must be a JSON Schema object, not {found}")
+
+
+def _response_format(value: object) -> dict[str, Any] | None:
+    """The caller's `response_format`, checked where llama-server would misread it silently."""
+    if value is None:
+        return None
+    where = "response_format"
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{where} must be a mapping, not {type(value).__name__}")
+    kind = value.get("type")
+    if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_TYPES:
+        raise RequestError(f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {_quote.repr(kind)}")
+    if kind == "json_schema":
+        wrapper = value.get("json_schema")
+        if not isinstance(wrapper, Mapping):
+            raise RequestError(f"{where}.json_schema must be a mapping, not {type(wrapper).__name__}")
+        if "name" in wrapper and not isinstance(wrapper["name"], str):
+            raise RequestError(f"{where}.json_schema.name must be a string, not {type(wrapper['name']).__name__}")
+        _schema_object(wrapper, f"{where}.json_schema", required=True)
+    elif kind == "json_object":
+        _schema_object(value, where, required=False)
+    tree: dict[str, Any] = _json_tree(value, where)
+    return tree
+
+
 def _encode(body: dict[str, Any], what: str) -> bytes:
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -155,8 +321,12 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
         raise RequestError(f"tool_choice {req.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}")
     if not isinstance(req.thinking, bool):
         raise RequestError(f"thinking must be a bool, not {type(req.thinking).__name__}")
-    if not _is_int(settings.max_tokens) or settings.max_tokens <= 0:
-        raise RequestError(f"max_tokens must be a positive integer, not {settings.max_tokens!r}")
+    max_tokens = effective_max_tokens(req, settings)
+    sampling = _sampling(req.sampling, settings)
+    stop = _stop(req.stop)
+    response_format = _response_format(req.response_format)
+    if response_format is not None and req.tools and req.tool_choice == "required":
+        raise RequestError('response_format cannot be combined with tool_choice "required": the answer is held to it')
 
     body: dict[str, Any] = {
         "model": settings.model,
@@ -174,12 +344,30 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     body["timings_per_token"] = True
     body["reasoning_control"] = True
     body["chat_template_kwargs"] = {"enable_thinking": req.thinking}
-    body["max_tokens"] = settings.max_tokens
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed"):
-        value = getattr(settings, name)
-        if value is not None:
-            body[name] = value
+    body["max_tokens"] = max_tokens
+    body.update(sampling)
+    if stop:
+        body["stop"] = stop
+    if response_format is not None:
+        body["response_format"] = response_format
     return _encode(body, "the request")
+
+
+def effective_max_tokens(req: ChatRequest, settings: RequestSettings) -> int:
+    """The `max_tokens` the body carries for `req`: its own if set, else the config's.
+
+    The client bounds the stream's `predicted_n` by it; `RequestError` if either is out of range.
+    """
+    _tokens(settings.max_tokens, "max_tokens")
+    if req.max_tokens is None:
+        return settings.max_tokens
+    return _tokens(req.max_tokens, "max_tokens")
+
+
+def _tokens(value: object, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX:
+        return value
+    raise RequestError(f"{where} must be a positive integer up to {INT32_MAX}, not {_quote.repr(value)}")
 
 
 def build_control_body(completion_id: str, model: str | None) -> bytes:
