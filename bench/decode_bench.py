@@ -30,8 +30,11 @@ from common import SRC, StackResult, Stream, fake_server, interleaved, recorded_
 sys.path.insert(0, str(SRC))
 
 from adapters.uds_http.transport import UdsTransport
+from app.config import Limits
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from ports.transport import TIMED_OUT
+
+HEADER_BYTES = Limits().header_bytes
 
 CHAT_PATH = "/v1/chat/completions"
 REQUEST = b'{"model":"test-model","stream":true,"messages":[{"role":"user","content":"hi"}]}'
@@ -90,7 +93,7 @@ def synthetic_stream(events: int = 604) -> Stream:
 
 
 def ours(socket_path: str) -> Callable[[], int]:
-    transport = UdsTransport(socket_path)
+    transport = UdsTransport(socket_path, header_bytes=HEADER_BYTES)
 
     def read_stream() -> int:
         exchange = transport.open("POST", CHAT_PATH, REQUEST, timeout=TIMEOUT_S)

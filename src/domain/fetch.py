@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from domain.errors import HttpError, InferError, Stalled
+from domain.whole_body import read_all
 from ports.clock import Clock
 from ports.transport import Exchange, TimedOut, Transport
 
@@ -40,7 +41,7 @@ def fetch(transport: Transport, clock: Clock, method: str, path: str, body: byte
             raise HttpError(
                 head.status, error_body(exchange, clock, deadline, limits.error_body_bytes), limits.error_body_bytes
             )
-        return exchange.read_all(limits.body_bytes, max(deadline - clock.now(), 0.0))
+        return read_all(exchange, clock, limits.body_bytes, max(deadline - clock.now(), 0.0))
     finally:
         exchange.close()
 

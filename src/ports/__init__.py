@@ -2,10 +2,12 @@
 
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe, SlotState
+from ports.stream import ByteStream
 from ports.transport import TIMED_OUT, Exchange, ResponseHead, TimedOut, Transport
 
 __all__ = [
     "TIMED_OUT",
+    "ByteStream",
     "Clock",
     "Exchange",
     "ResponseHead",

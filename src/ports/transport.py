@@ -1,25 +1,34 @@
 """One HTTP exchange on one Unix-socket connection.
 
-The contract, which the real adapter and the in-memory fake both meet (one contract suite runs
-against each):
+The contract, which every transport meets (one contract suite runs against the Unix-socket
+adapter and against the in-memory fake; both return the same exchange, over a socket or over a
+script, see `ports.stream`):
 
 - `Transport.open(method, path, body, timeout)` connects, sends the whole request and returns an
   `Exchange`. It raises `domain.errors.ConnectError` (naming the socket path) if the socket
-  cannot be reached, and `domain.errors.StreamClosedEarly` if the connection breaks while the
-  request is being written.
+  cannot be reached, `domain.errors.StreamClosedEarly` if the connection breaks while the
+  request is being written, and `domain.errors.Stalled` if writing it takes over `timeout`.
+- `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
+  aborts it, and closing it unregisters.
+- `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts
+  with it.
 - `Exchange.head(timeout)` waits up to `timeout` seconds for the status line and headers. It
   returns a `ResponseHead`, or `TIMED_OUT` if nothing complete arrived in time; a timeout leaves
   the exchange usable, so the caller may poll elsewhere and call `head` again. Once the head is
-  returned, later calls return the same head at once.
+  returned, later calls return the same head at once. A head over its size cap, or malformed,
+  or with both `Transfer-Encoding` and `Content-Length`, raises `ProtocolError` (and keeps
+  raising it); EOF before the head's end raises `StreamClosedEarly`.
 - `Exchange.read(timeout)` returns the next piece of the de-framed body (chunked, content-length
   and read-to-close bodies are all handled), `b""` if and only if the body ended cleanly, or
-  `TIMED_OUT` if no byte arrived within `timeout` (the exchange stays usable). EOF before the
-  body's end raises `StreamClosedEarly`; malformed framing or a head over its size cap raises
-  `ProtocolError`. The timeout may differ on every call.
-- `Exchange.read_all(limit)` reads the rest of the body, raising `ProtocolError` if it exceeds
-  `limit` bytes (used for bodies that are not streams, and for error bodies).
+  `TIMED_OUT` if no byte arrived within `timeout` (the exchange stays usable). It waits for the
+  head first if need be, within the same `timeout`. EOF before the body's end raises
+  `StreamClosedEarly` saying where; malformed framing raises `ProtocolError`. The timeout may
+  differ on every call; zero or less polls.
+- A body wanted whole (not a stream, or an error body) is read by `domain.whole_body.read_all`
+  over these calls, under one deadline and one size limit.
 - `Exchange.close()` closes the connection (cancelling generation on the server); it is
-  idempotent and never raises. After close, `head`/`read` raise `StreamClosedEarly`.
+  idempotent and never raises. After close, `head` (if the head had not come) and `read` raise
+  `StreamClosedEarly`.
 - `Exchange.abort()` may be called from any thread while another is blocked in `head` or
   `read`: it shuts the connection down so that call returns at once (raising
   `StreamClosedEarly`); it never raises, and the owner still calls `close()`.
@@ -28,26 +37,23 @@ against each):
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol, final, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 
-@final
-class TimedOut:
-    """The result of a read that saw no byte within its timeout; the connection is still usable."""
+class TimedOut(enum.Enum):
+    """The result of a wait that saw no byte within its timeout; the connection is still usable.
+    One member, so `x is TIMED_OUT` and `isinstance(x, TimedOut)` say the same and both narrow."""
 
-    _instance: TimedOut | None = None
-
-    def __new__(cls) -> TimedOut:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    TIMED_OUT = "timed out"
 
     def __repr__(self) -> str:
         return "TIMED_OUT"
 
 
-TIMED_OUT: Final = TimedOut()
+TIMED_OUT: Final = TimedOut.TIMED_OUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +73,23 @@ class ResponseHead:
 
 @runtime_checkable
 class Exchange(Protocol):
+    @property
+    def what(self) -> str: ...
+
     def head(self, timeout: float) -> ResponseHead | TimedOut: ...
 
     def read(self, timeout: float) -> bytes | TimedOut: ...
 
-    def read_all(self, limit: int, timeout: float) -> bytes: ...
-
     def close(self) -> None: ...
 
     def abort(self) -> None: ...
+
+
+class CancelSignal(Protocol):
+    """What a call's cancellation offers the I/O: `on_cancel(wake)` runs `wake` when the call is
+    cancelled (at once if it already is) and returns a function that unregisters it."""
+
+    def on_cancel(self, wake: Callable[[], None]) -> Callable[[], None]: ...
 
 
 @runtime_checkable
@@ -87,4 +101,5 @@ class Transport(Protocol):
         body: bytes | None = None,
         *,
         timeout: float,
+        cancel: CancelSignal | None = None,
     ) -> Exchange: ...

@@ -123,7 +123,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tm
     refusing: socket.socket | None = None
     if how == "refused":
         refusing, path = _refusing_socket(str(tmp_path))
-        probe = UdsSlotProbe(UdsTransport(path), timeout=0.1)
+        probe = UdsSlotProbe(UdsTransport(path, header_bytes=16384), timeout=0.1, body_bytes=4 * 1024 * 1024)
         container.probe.override(probe)
     elif how == "503 loading":
         server.route(*SLOTS, loading())

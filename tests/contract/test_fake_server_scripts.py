@@ -32,23 +32,27 @@ from adapters.fake_server import (
     split_recorded,
     sse_reply,
 )
+from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsTransport
 from domain.errors import StreamClosedEarly
 from domain.sse import SseData, SseDecoder, SseDone
+from domain.whole_body import read_all
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(30)
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 CHAT = "/v1/chat/completions"
+CLOCK = SystemClock()
+HEADER_BYTES = 16384
 
 
 def fetch(server: FakeServer, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
-    exchange = UdsTransport(server.socket_path).open(method, path, body, timeout=2.0)
+    exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open(method, path, body, timeout=2.0)
     with exchange:
         head = exchange.head(2.0)
         assert isinstance(head, ResponseHead)
-        return head.status, exchange.read_all(1 << 20, 2.0)
+        return head.status, read_all(exchange, CLOCK, 1 << 20, 2.0)
 
 
 def raw_exchange(server: FakeServer, request: bytes) -> bytes:
@@ -82,8 +86,8 @@ def test_the_socket_path_is_unknown_before_start() -> None:
 def test_exit_returns_promptly_with_a_silent_connection_and_a_slow_script_open() -> None:
     started = time.monotonic()
     with FakeServer({("GET", "/silent"): silence(), ("GET", "/slow"): Reply(pieces=[Piece(60, b"x")])}) as server:
-        quiet = UdsTransport(server.socket_path).open("GET", "/silent", timeout=1.0)
-        slow = UdsTransport(server.socket_path).open("GET", "/slow", timeout=1.0)
+        quiet = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("GET", "/silent", timeout=1.0)
+        slow = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("GET", "/slow", timeout=1.0)
         assert quiet.head(0.05) is TIMED_OUT
         assert isinstance(slow.head(1.0), ResponseHead)
     assert time.monotonic() - started < 5.0
@@ -173,7 +177,7 @@ def test_a_malformed_request_gets_400_and_is_not_recorded() -> None:
 def test_the_server_notices_the_client_closing_mid_stream() -> None:
     reply = sse_reply([{"n": i} for i in range(50)], delay_s=0.05)
     with FakeServer({("POST", CHAT): reply}) as server:
-        exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
         assert exchange.read(1.0) == b'data: {"n":0}\n\n'
         exchange.close()
         closed = time.monotonic()
@@ -185,7 +189,7 @@ def test_the_server_notices_the_client_closing_mid_stream() -> None:
 def test_silence_holds_the_connection_until_the_client_closes() -> None:
     reply = sse_reply([{"n": 0}], done=False, end=End.SILENCE)
     with FakeServer({("POST", CHAT): reply}) as server:
-        exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
         assert exchange.read(1.0) == b'data: {"n":0}\n\n'
         assert exchange.read(0.1) is TIMED_OUT
         assert not server.requests[0].client_closed.is_set()
@@ -203,7 +207,7 @@ def test_a_clean_end_still_sees_the_client_close_afterwards() -> None:
 
 
 def read_events(server: FakeServer) -> list[object]:
-    exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+    exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
     decoder = SseDecoder()
     events: list[object] = []
     with exchange:
@@ -247,7 +251,7 @@ def test_pieces_arrive_after_their_delays() -> None:
     reply = sse_reply([{"n": 0}, {"n": 1}], delay_s=0.1, head_delay_s=0.1)
     with FakeServer({("POST", CHAT): reply}) as server:
         start = time.monotonic()
-        exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
         with exchange:
             assert exchange.head(0.03) is TIMED_OUT
             assert isinstance(exchange.head(1.0), ResponseHead)
@@ -264,7 +268,7 @@ def test_pieces_arrive_after_their_delays() -> None:
 
 def test_a_head_that_never_comes_waits_for_the_client_to_give_up() -> None:
     with FakeServer({("POST", CHAT): Reply(head_delay_s=NEVER)}) as server:
-        exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
         assert exchange.head(0.05) is TIMED_OUT
         exchange.close()
         assert server.requests[0].client_closed.wait(2.0)
@@ -293,9 +297,9 @@ def test_a_raw_reply_is_served_byte_for_byte() -> None:
 
 def test_a_raw_reply_can_be_paced_in_small_pieces() -> None:
     with FakeServer({("POST", CHAT): raw_reply(RAW, piece_bytes=7, delay_s=0.002)}) as server:
-        exchange = UdsTransport(server.socket_path).open("POST", CHAT, b"{}", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=1.0)
         with exchange:
-            assert exchange.read_all(1000, 5.0) == b'data: {"a":1}\n\nxyzdata: [DONE]\n\n'
+            assert read_all(exchange, CLOCK, 1000, 5.0) == b'data: {"a":1}\n\nxyzdata: [DONE]\n\n'
 
 
 def test_split_recorded_cuts_at_the_head_and_each_chunk() -> None:
@@ -339,12 +343,12 @@ def test_the_command_line_serves_a_transcript_until_terminated(tmp_path: Path) -
     try:
         assert process.stdout is not None
         assert process.stdout.readline().startswith(f"serving {transcript} ({len(RAW)} bytes) on {path}")
-        exchange = UdsTransport(path).open("POST", CHAT, b"{}", timeout=2.0)
+        exchange = UdsTransport(path, header_bytes=HEADER_BYTES).open("POST", CHAT, b"{}", timeout=2.0)
         with exchange:
-            assert exchange.read_all(1000, 5.0) == b'data: {"a":1}\n\nxyzdata: [DONE]\n\n'
-        slots = UdsTransport(path).open("GET", "/slots", timeout=2.0)
+            assert read_all(exchange, CLOCK, 1000, 5.0) == b'data: {"a":1}\n\nxyzdata: [DONE]\n\n'
+        slots = UdsTransport(path, header_bytes=HEADER_BYTES).open("GET", "/slots", timeout=2.0)
         with slots:
-            assert slots.read_all(1000, 5.0) == (
+            assert read_all(slots, CLOCK, 1000, 5.0) == (
                 b'[{"id":0,"n_ctx":4096,"speculative":false,"is_processing":false},'
                 b'{"id":1,"n_ctx":4096,"speculative":false,"is_processing":false}]'
             )

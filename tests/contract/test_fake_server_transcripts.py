@@ -10,14 +10,18 @@ from pathlib import Path
 import pytest
 
 from adapters.fake_server import FakeClock, FakeServer, ScriptedTransport, raw_reply, split_recorded
+from adapters.system import SystemClock
 from adapters.uds_http.body import ChunkedBody
 from adapters.uds_http.slot_probe import UdsSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from domain.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
+from domain.whole_body import read_all
 from ports import Exchange, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 
 TRANSCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "transcripts"
+HEADER_BYTES = 16384
+BODY_BYTES = 4 * 1024 * 1024
 
 pytestmark = [
     pytest.mark.timeout(30),
@@ -86,7 +90,7 @@ def test_a_recorded_stream_reads_back_chunk_for_chunk(name: str) -> None:
     # one does, the client hands out the part it has: see the paced test below).
     case = load_case(name)
     with serve(case, delay_s=0.001) as server:
-        head, pieces = replay(UdsTransport(server.socket_path), case)
+        head, pieces = replay(UdsTransport(server.socket_path, header_bytes=HEADER_BYTES), case)
     assert head.status == case.status
     assert head.headers == tuple((k.lower(), v) for k, v in case.response.headers)
     assert pieces == chunk_payloads(case.response_raw)
@@ -97,7 +101,7 @@ def test_a_recorded_stream_reads_back_chunk_for_chunk(name: str) -> None:
 def test_a_recorded_stream_paced_in_odd_pieces_reads_back_the_same_bytes(name: str) -> None:
     case = load_case(name)
     with serve(case, piece_bytes=97, delay_s=0.001) as server:
-        _, pieces = replay(UdsTransport(server.socket_path), case)
+        _, pieces = replay(UdsTransport(server.socket_path, header_bytes=HEADER_BYTES), case)
     assert b"".join(pieces) == case.body
 
 
@@ -148,11 +152,11 @@ def test_a_recorded_whole_response_reads_back_exactly(name: str) -> None:
     case = load_case(name)
     with serve(case) as server:
         method, target, body = recorded_request(case)
-        exchange = UdsTransport(server.socket_path).open(method, target, body, timeout=5.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open(method, target, body, timeout=5.0)
         with exchange:
             head = exchange.head(5.0)
             assert isinstance(head, ResponseHead)
-            assert exchange.read_all(4 * 1024 * 1024, 5.0) == case.body
+            assert read_all(exchange, SystemClock(), BODY_BYTES, 5.0) == case.body
     assert head.status == case.status
     assert head.headers == tuple((k.lower(), v) for k, v in case.response.headers)
 
@@ -162,5 +166,6 @@ def test_a_recorded_whole_response_reads_back_exactly(name: str) -> None:
 def test_the_slot_probe_reads_the_recorded_slots(name: str, expected: list[SlotState]) -> None:
     case = load_case(name)
     with serve(case) as server:
-        probe = UdsSlotProbe(UdsTransport(server.socket_path), timeout=2.0)
+        transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
+        probe = UdsSlotProbe(transport, timeout=2.0, body_bytes=BODY_BYTES)
         assert [probe.state(0), probe.state(1), probe.state(2)] == [*expected, SlotState.UNAVAILABLE]

@@ -18,12 +18,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.fake_server import FakeServer, Piece, Reply
+from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsExchange, UdsTransport, exchange_over
 from domain.errors import ConnectError, InferError, ProtocolError, Stalled, StreamClosedEarly
+from domain.whole_body import read_all
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(30)
 
+CLOCK = SystemClock()
+HEADER_BYTES = 16384
 OK_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 
@@ -49,7 +53,7 @@ def response(raw: bytes, **kwargs: object) -> tuple[ResponseHead, bytes]:
     with served(raw, **kwargs) as (exchange, _):  # type: ignore[arg-type]
         head = exchange.head(1.0)
         assert isinstance(head, ResponseHead)
-        return head, exchange.read_all(1 << 20, 1.0)
+        return head, read_all(exchange, CLOCK, 1 << 20, 1.0)
 
 
 def fails(raw: bytes, **kwargs: object) -> InferError:
@@ -90,7 +94,7 @@ def test_a_get_without_body_sends_no_length_or_type() -> None:
 @pytest.mark.parametrize(("method", "path"), [("GET", "/a b"), ("G ET", "/"), ("GET", "/\r\nX: 1")])
 def test_a_malformed_request_is_a_value_error_before_connecting(method: str, path: str) -> None:
     with pytest.raises(ValueError, match="cannot send"):
-        UdsTransport("/nonexistent/socket").open(method, path, timeout=1.0)
+        UdsTransport("/nonexistent/socket", header_bytes=HEADER_BYTES).open(method, path, timeout=1.0)
 
 
 # -- the head ------------------------------------------------------------------------------------
@@ -213,7 +217,7 @@ def test_responses_without_a_body_end_at_once(method: str, raw: bytes) -> None:
 def test_a_reset_after_partial_data_is_stream_closed_early() -> None:
     # Linux resets a Unix socket whose peer closes with unread data: here, our request.
     client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    exchange = exchange_over(client, "POST", "/x", b"{}", timeout=1.0)
+    exchange = exchange_over(client, "POST", "/x", b"{}", timeout=1.0, header_bytes=HEADER_BYTES)
     server.sendall(OK_CHUNKED + b"5\r\nhel")
     server.close()
     with exchange:
@@ -231,7 +235,7 @@ def test_a_connection_that_breaks_while_the_request_is_written_is_stream_closed_
     client.connect(path)
     listener.close()  # the queued connection is dropped
     with pytest.raises(StreamClosedEarly, match="closed while the request was written"):
-        exchange_over(client, "POST", "/x", b"x" * 1_000_000, timeout=1.0, peer=path)
+        exchange_over(client, "POST", "/x", b"x" * 1_000_000, timeout=1.0, header_bytes=HEADER_BYTES, peer=path)
     assert client.fileno() == -1
 
 
@@ -270,12 +274,12 @@ def test_read_with_zero_or_negative_timeout_polls() -> None:
 
 def test_read_all_that_runs_out_of_time_is_stalled() -> None:
     with served(OK_CHUNKED + b"2\r\nab\r\n", eof=False) as (exchange, _), pytest.raises(Stalled, match="2 bytes"):
-        exchange.read_all(100, 0.05)
+        read_all(exchange, CLOCK, 100, 0.05)
 
 
 def test_read_all_without_a_head_in_time_is_stalled() -> None:
     with served(eof=False) as (exchange, _), pytest.raises(Stalled, match="no response head"):
-        exchange.read_all(100, 0.02)
+        read_all(exchange, CLOCK, 100, 0.02)
 
 
 # -- size limits on whole bodies -----------------------------------------------------------------
@@ -288,7 +292,7 @@ def test_read_all_refuses_a_content_length_over_the_limit_before_reading() -> No
         served(b"HTTP/1.1 200 OK\r\nContent-Length: 4194305\r\n\r\n", eof=False) as (exchange, _),
         pytest.raises(ProtocolError, match=message),
     ):
-        exchange.read_all(4 * 1024 * 1024, 1.0)
+        read_all(exchange, CLOCK, 4 * 1024 * 1024, 1.0)
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -297,14 +301,14 @@ def test_a_body_of_4_mib_plus_one_byte_is_a_protocol_error(chunked: bool) -> Non
     headers = [] if chunked else [("Content-Length", str(len(big)))]
     pieces = [Piece(0, big[i : i + 65536]) for i in range(0, len(big), 65536)]
     with FakeServer({("GET", "/big"): Reply(200, headers, pieces, chunked=chunked)}) as server:
-        exchange = UdsTransport(server.socket_path).open("GET", "/big", timeout=1.0)
+        exchange = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("GET", "/big", timeout=1.0)
         with exchange, pytest.raises(ProtocolError, match="over the 4194304-byte"):
-            exchange.read_all(4 * 1024 * 1024, 5.0)
+            read_all(exchange, CLOCK, 4 * 1024 * 1024, 5.0)
 
 
 def test_a_body_of_exactly_the_limit_is_read_whole() -> None:
     with served(OK_CHUNKED + b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n") as (exchange, _):
-        assert exchange.read_all(8, 1.0) == b"helloabc"
+        assert read_all(exchange, CLOCK, 8, 1.0) == b"helloabc"
 
 
 # -- close ---------------------------------------------------------------------------------------
@@ -349,7 +353,7 @@ def test_a_failed_exchange_keeps_failing() -> None:
 def test_a_missing_socket_is_a_connect_error_naming_the_path(tmp_path: Path) -> None:
     path = str(tmp_path / "missing.sock")
     with pytest.raises(ConnectError, match=f"cannot connect to {path}: no such socket file") as caught:
-        UdsTransport(path).open("GET", "/slots", timeout=1.0)
+        UdsTransport(path, header_bytes=HEADER_BYTES).open("GET", "/slots", timeout=1.0)
     assert isinstance(caught.value.__cause__, FileNotFoundError)
 
 
@@ -359,14 +363,14 @@ def test_a_socket_nobody_listens_on_is_refused(tmp_path: Path) -> None:
     stale.bind(path)  # bound, never listening: what a crashed server leaves behind
     try:
         with pytest.raises(ConnectError, match=f"{path}: connection refused"):
-            UdsTransport(path).open("GET", "/slots", timeout=1.0)
+            UdsTransport(path, header_bytes=HEADER_BYTES).open("GET", "/slots", timeout=1.0)
     finally:
         stale.close()
 
 
 def test_a_path_too_long_for_a_unix_socket_is_a_connect_error(tmp_path: Path) -> None:
     with pytest.raises(ConnectError, match="cannot connect to"):
-        UdsTransport(str(tmp_path / ("x" * 200))).open("GET", "/", timeout=1.0)
+        UdsTransport(str(tmp_path / ("x" * 200)), header_bytes=HEADER_BYTES).open("GET", "/", timeout=1.0)
 
 
 def connect_as_nobody(path: str) -> str:
@@ -378,7 +382,7 @@ def connect_as_nobody(path: str) -> str:
         try:
             os.setgid(65534)
             os.setuid(65534)
-            UdsTransport(path).open("GET", "/", timeout=1.0).close()
+            UdsTransport(path, header_bytes=HEADER_BYTES).open("GET", "/", timeout=1.0).close()
         except ConnectError as exc:
             message = str(exc)
         except BaseException as exc:
@@ -402,7 +406,7 @@ def test_a_socket_we_may_not_use_is_permission_denied() -> None:
         else:
             os.chmod(server.socket_path, 0o000)
             with pytest.raises(ConnectError) as caught:
-                UdsTransport(server.socket_path).open("GET", "/", timeout=1.0)
+                UdsTransport(server.socket_path, header_bytes=HEADER_BYTES).open("GET", "/", timeout=1.0)
             message = str(caught.value)
     assert message == f"cannot connect to {server.socket_path}: permission denied"
 
@@ -425,7 +429,7 @@ def test_any_bytes_from_the_server_give_data_or_a_protocol_error_or_a_cut(data: 
 def test_a_server_feeding_bytes_slowly_is_read_in_order() -> None:
     raw = OK_CHUNKED + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    exchange = exchange_over(client, "GET", "/x", timeout=1.0)
+    exchange = exchange_over(client, "GET", "/x", timeout=1.0, header_bytes=HEADER_BYTES)
 
     def trickle() -> None:
         for i in range(len(raw)):
@@ -435,7 +439,7 @@ def test_a_server_feeding_bytes_slowly_is_read_in_order() -> None:
     writer = threading.Thread(target=trickle)
     writer.start()
     try:
-        assert exchange.read_all(100, 5.0) == b"hello world"
+        assert read_all(exchange, CLOCK, 100, 5.0) == b"hello world"
     finally:
         writer.join()
         exchange.close()

@@ -38,6 +38,8 @@ from ports import SlotProbe, SlotState
 pytestmark = pytest.mark.timeout(20)
 
 TIMEOUT_S = 0.1
+HEADER_BYTES = 16384
+BODY_BYTES = 4 * 1024 * 1024
 BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
 
 
@@ -82,11 +84,13 @@ def _harness(kind: str) -> Iterator[ProbeHarness]:
         yield ProbeHarness(kind, fake, fake=fake)
     elif kind == "memory":
         clock = FakeClock()
-        scripted = ScriptedTransport(clock)
-        yield ProbeHarness(kind, UdsSlotProbe(scripted, timeout=TIMEOUT_S, clock=clock), routes=scripted, clock=clock)
+        scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
+        probe = UdsSlotProbe(scripted, timeout=TIMEOUT_S, body_bytes=BODY_BYTES, clock=clock)
+        yield ProbeHarness(kind, probe, routes=scripted, clock=clock)
     else:
         with FakeServer() as server:
-            probe = UdsSlotProbe(UdsTransport(server.socket_path), timeout=TIMEOUT_S)
+            transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
+            probe = UdsSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
             yield ProbeHarness(kind, probe, routes=server)
 
 
@@ -140,7 +144,8 @@ def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path:
         real_probe.routes.refusing = True
         probe = real_probe.probe
     else:
-        probe = UdsSlotProbe(UdsTransport(str(tmp_path / "missing.sock")), timeout=TIMEOUT_S)
+        transport = UdsTransport(str(tmp_path / "missing.sock"), header_bytes=HEADER_BYTES)
+        probe = UdsSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
     assert probe.state(0) is UNAVAILABLE
 
 

@@ -29,15 +29,18 @@ from adapters.fake_server import (
     json_reply,
     sse_reply,
 )
+from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsTransport
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
-from ports import Exchange, Transport
+from domain.whole_body import read_all
+from ports import Clock, Exchange, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(20)
 
 CHAT = "/v1/chat/completions"
 SLACK_S = 1.0  # how late a socket may be on a loaded machine; the fake clock is exact
+HEADER_BYTES = 16384
 
 
 @dataclass
@@ -53,6 +56,10 @@ class Harness:
     def route(self, method: str, path: str, *replies: RouteItem) -> None:
         self.routes.route(method, path, *replies)
 
+    @property
+    def time(self) -> Clock:
+        return self.clock if self.clock is not None else SystemClock()
+
     def elapsed(self) -> float:
         if self.clock is not None:
             return self.clock.now()
@@ -63,7 +70,7 @@ class Harness:
             dead = ScriptedTransport(FakeClock(), socket_path=self.refused_path)
             dead.refusing = True
             return dead
-        return UdsTransport(self.refused_path)
+        return UdsTransport(self.refused_path, header_bytes=HEADER_BYTES)
 
     def open(self, method: str = "POST", path: str = CHAT, body: bytes | None = b"{}") -> Exchange:
         return self.transport.open(method, path, body, timeout=1.0)
@@ -74,14 +81,14 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]
     dead_path = str(tmp_path / "dead.sock")
     if request.param == "memory":
         clock = FakeClock()
-        scripted = ScriptedTransport(clock)
+        scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
         yield Harness("memory", scripted, scripted.requests, scripted, clock, refused_path=dead_path)
         return
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(dead_path)  # bound and not listening: refused
     try:
         with FakeServer() as server:
-            transport = UdsTransport(server.socket_path)
+            transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
             yield Harness("uds", transport, server.requests, server, refused_path=dead_path)
     finally:
         stale.close()
@@ -128,12 +135,12 @@ def test_a_non_200_answer_comes_through_with_its_body(harness: Harness) -> None:
     exchange = harness.open()
     head = exchange.head(2.0)
     assert isinstance(head, ResponseHead) and head.status == 400
-    assert b"exceeds the available context size" in exchange.read_all(4096, 2.0)
+    assert b"exceeds the available context size" in read_all(exchange, harness.time, 4096, 2.0)
 
 
 def test_the_request_is_recorded_as_sent(harness: Harness) -> None:
     harness.route("POST", CHAT, json_reply({}))
-    harness.open(body=b'{"stream":true}').read_all(100, 2.0)
+    read_all(harness.open(body=b'{"stream":true}'), harness.time, 100, 2.0)
     (request,) = harness.requests
     assert (request.method, request.path, request.body) == ("POST", CHAT, b'{"stream":true}')
     assert request.header("content-type") == "application/json"
@@ -152,7 +159,7 @@ def test_a_late_head_times_out_then_arrives_and_is_kept(harness: Harness) -> Non
     assert isinstance(head, ResponseHead)
     assert 0.15 - 0.02 <= harness.elapsed() < 0.15 + SLACK_S
     assert exchange.head(0.0) is head
-    assert exchange.read_all(100, 1.0) == b'{"a":1}'
+    assert read_all(exchange, harness.time, 100, 1.0) == b'{"a":1}'
 
 
 def test_a_read_times_out_when_the_next_piece_is_later_and_the_exchange_stays_usable(harness: Harness) -> None:
@@ -180,14 +187,14 @@ def test_read_all_that_takes_longer_than_its_timeout_is_stalled(harness: Harness
     harness.route("GET", "/slots", Reply(pieces=[Piece(0, b"["), Piece(0.2, b"]")]))
     exchange = harness.open("GET", "/slots", None)
     with pytest.raises(Stalled):
-        exchange.read_all(100, 0.05)
+        read_all(exchange, harness.time, 100, 0.05)
     assert harness.elapsed() < 0.2
 
 
 def test_read_all_without_any_head_in_time_is_stalled(harness: Harness) -> None:
     harness.route("GET", "/slots", Raw((), End.SILENCE))
     with pytest.raises(Stalled):
-        harness.open("GET", "/slots", None).read_all(100, 0.05)
+        read_all(harness.open("GET", "/slots", None), harness.time, 100, 0.05)
 
 
 # -- size limits ---------------------------------------------------------------------------------
@@ -197,7 +204,7 @@ def test_read_all_without_any_head_in_time_is_stalled(harness: Harness) -> None:
 def test_read_all_over_its_limit_is_a_protocol_error_naming_the_limit(harness: Harness, chunked: bool) -> None:
     harness.route("GET", "/props", Reply(pieces=[Piece(0, b"x" * 60), Piece(0, b"y" * 60)], chunked=chunked))
     with pytest.raises(ProtocolError, match="100-byte"):
-        harness.open("GET", "/props", None).read_all(100, 2.0)
+        read_all(harness.open("GET", "/props", None), harness.time, 100, 2.0)
 
 
 def test_a_head_over_its_limit_is_a_protocol_error(harness: Harness) -> None:
@@ -220,7 +227,7 @@ def test_a_chunked_stream_cut_before_its_end_is_stream_closed_early(harness: Har
 def test_a_short_content_length_body_is_stream_closed_early(harness: Harness) -> None:
     harness.route("GET", "/props", Reply(headers=[("Content-Length", "10")], pieces=[Piece(0, b"abc")]))
     with pytest.raises(StreamClosedEarly, match="3 of 10"):
-        harness.open("GET", "/props", None).read_all(100, 2.0)
+        read_all(harness.open("GET", "/props", None), harness.time, 100, 2.0)
 
 
 @pytest.mark.parametrize("end", [End.CLOSE, End.RESET])

@@ -84,7 +84,7 @@ def rig_for() -> Iterator[Callable[..., Rig]]:
             **sections,
         })
         clock = FakeClock()
-        transport = ScriptedTransport(clock, routes)
+        transport = ScriptedTransport(clock, routes, header_bytes=config.limits.header_bytes)
         probe = FakeSlotProbe({REQ.slot: slot})
         container = Container(config=config)
         container.override_providers(clock=clock, transport=transport, probe=probe, rng=rng or ZeroJitter())

@@ -23,6 +23,7 @@ from adapters.fake_server import (
     sse_reply,
 )
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
+from domain.whole_body import read_all
 from ports import Clock, Exchange, SlotProbe, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 
@@ -57,7 +58,7 @@ def test_the_clock_refuses_to_go_backwards(seconds: float) -> None:
 
 def make(*replies: Reply | Raw, path: str = CHAT) -> tuple[FakeClock, ScriptedTransport]:
     clock = FakeClock()
-    transport = ScriptedTransport(clock, {("POST", path): list(replies)})
+    transport = ScriptedTransport(clock, {("POST", path): list(replies)}, header_bytes=16384)
     assert isinstance(transport, Transport)
     return clock, transport
 
@@ -142,15 +143,15 @@ def test_reset_cuts_a_chunked_stream_and_the_failure_repeats() -> None:
     exchange = transport.open("POST", CHAT, timeout=1.0)
     assert exchange.read(5.0) == b'data: {"n":0}\n\n'
     for _ in range(2):
-        with pytest.raises(StreamClosedEarly, match="inside a chunked body after 15 body bytes"):
+        with pytest.raises(StreamClosedEarly, match=r"after chunk 1 \(15 body bytes\)"):
             exchange.read(5.0)
 
 
 @pytest.mark.parametrize("end", list(End))
 def test_a_content_length_body_that_arrived_whole_ends_cleanly_whatever_the_end(end: End) -> None:
-    _, transport = make(Reply(pieces=[Piece(0, b"ab"), Piece(0, b"cd")], end=end))
+    clock, transport = make(Reply(pieces=[Piece(0, b"ab"), Piece(0, b"cd")], end=end))
     exchange = transport.open("POST", CHAT, timeout=1.0)
-    assert exchange.read_all(100, 1.0) == b"abcd"
+    assert read_all(exchange, clock, 100, 1.0) == b"abcd"
 
 
 def test_a_content_length_body_that_is_short_is_cut() -> None:
@@ -162,8 +163,8 @@ def test_a_content_length_body_that_is_short_is_cut() -> None:
 
 
 def test_bytes_past_the_content_length_are_not_body() -> None:
-    _, transport = make(Reply(headers=[("Content-Length", "3")], pieces=[Piece(0, b"abcdef")]))
-    assert transport.open("POST", CHAT, timeout=1.0).read_all(100, 1.0) == b"abc"
+    clock, transport = make(Reply(headers=[("Content-Length", "3")], pieces=[Piece(0, b"abcdef")]))
+    assert read_all(transport.open("POST", CHAT, timeout=1.0), clock, 100, 1.0) == b"abc"
 
 
 def test_empty_pieces_are_delays_only() -> None:
@@ -179,16 +180,16 @@ def test_empty_pieces_are_delays_only() -> None:
 def test_read_all_is_stalled_when_the_body_takes_longer_than_its_timeout() -> None:
     clock, transport = make(Reply(pieces=[Piece(0.5, b"a"), Piece(0.5, b"b")]))
     with pytest.raises(Stalled, match="1 bytes read"):
-        transport.open("POST", CHAT, timeout=1.0).read_all(100, 0.8)
+        read_all(transport.open("POST", CHAT, timeout=1.0), clock, 100, 0.8)
     assert clock.now() == pytest.approx(0.8)
 
 
 def test_read_all_refuses_a_body_over_its_limit() -> None:
-    _, transport = make(Reply(pieces=[Piece(0, b"x" * 11)]), Reply(pieces=[Piece(0, b"x" * 11)], chunked=True))
+    clock, transport = make(Reply(pieces=[Piece(0, b"x" * 11)]), Reply(pieces=[Piece(0, b"x" * 11)], chunked=True))
     with pytest.raises(ProtocolError, match="Content-Length 11 is over the 10-byte body limit"):
-        transport.open("POST", CHAT, timeout=1.0).read_all(10, 1.0)
+        read_all(transport.open("POST", CHAT, timeout=1.0), clock, 10, 1.0)
     with pytest.raises(ProtocolError, match="body over the 10-byte limit"):
-        transport.open("POST", CHAT, timeout=1.0).read_all(10, 1.0)
+        read_all(transport.open("POST", CHAT, timeout=1.0), clock, 10, 1.0)
 
 
 def test_close_is_recorded_with_its_time_and_later_reads_fail() -> None:
@@ -236,7 +237,7 @@ def test_routes_queue_and_repeat_and_unrouted_paths_get_404() -> None:
         assert isinstance(head, ResponseHead)
         return head.status
 
-    assert [transport.open("GET", "/health", timeout=1.0).read_all(100, 1.0) for _ in range(3)] == [
+    assert [read_all(transport.open("GET", "/health", timeout=1.0), transport.clock, 100, 1.0) for _ in range(3)] == [
         b'{"n":1}', b'{"n":2}', b'{"n":2}'
     ]
     assert status("/nope") == 404
@@ -247,7 +248,8 @@ def test_a_callable_route_sees_the_request() -> None:
         return json_reply({"slot": request.json()["id_slot"]})
 
     transport = ScriptedTransport(FakeClock(), {("POST", CHAT): by_slot})
-    assert transport.open("POST", CHAT, b'{"id_slot":3}', timeout=1.0).read_all(100, 1.0) == b'{"slot":3}'
+    exchange = transport.open("POST", CHAT, b'{"id_slot":3}', timeout=1.0)
+    assert read_all(exchange, transport.clock, 100, 1.0) == b'{"slot":3}'
 
 
 # -- raw scripts, parsed as the real client parses them ------------------------------------------
@@ -271,9 +273,9 @@ def test_a_raw_script_is_de_chunked_at_the_pace_of_its_pieces() -> None:
 @pytest.mark.parametrize(
     ("raw", "end", "error", "match"),
     [
-        (b"", End.CLOSE, StreamClosedEarly, "closed inside the response head after 0 bytes"),
+        (b"", End.CLOSE, StreamClosedEarly, "closed before any response byte"),
         (b"HTTP/1.1 200 OK\r\n", End.RESET, StreamClosedEarly, "inside the response head"),
-        (RAW[:60], End.CLOSE, StreamClosedEarly, "after 3 body bytes"),
+        (RAW[:60], End.CLOSE, StreamClosedEarly, r"after chunk 1 \(3 body bytes\)"),
         (b"garbage\r\n\r\n", End.CLOSE, ProtocolError, "malformed response"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", End.CLOSE, ProtocolError,
          "both Transfer-Encoding and Content-Length"),

@@ -1,6 +1,6 @@
 """A scripted HTTP server on a Unix socket, and in-memory fakes that replay the same scripts."""
 
-from adapters.fake_server.memory import FakeClock, FakeSlotProbe, ScriptedExchange, ScriptedTransport
+from adapters.fake_server.memory import FakeClock, FakeSlotProbe, ScriptedExchange, ScriptedStream, ScriptedTransport
 from adapters.fake_server.script import (
     NEVER,
     End,
@@ -38,6 +38,7 @@ __all__ = [
     "Routes",
     "Script",
     "ScriptedExchange",
+    "ScriptedStream",
     "ScriptedTransport",
     "error_reply",
     "json_reply",

@@ -1,7 +1,7 @@
 """A scripted HTTP/1.1 server on a Unix socket in a temporary folder, for tests.
 
     with FakeServer({("POST", "/v1/chat/completions"): sse_reply(chunks)}) as server:
-        transport = UdsTransport(server.socket_path)
+        transport = UdsTransport(server.socket_path, header_bytes=16384)
         ...
         assert server.requests[0].json()["stream"] is True
 
@@ -12,7 +12,9 @@ Invariants:
   down live connections so a blocked write returns, joins every thread and removes the folder.
   A thread that fails to join is an error, not a leak.
 - One request per connection; the reply is chosen by (method, path without query) when the whole
-  request has arrived. Every request is recorded with its exact body bytes and arrival time.
+  request has arrived, and written as `adapters.fake_server.wire` schedules it (the in-memory
+  stream replays the same schedule on a fake clock). Every request is recorded with its exact
+  body bytes and arrival time.
 - Waits between pieces watch the client: a client that closes is noticed at once
   (`RecordedRequest.client_closed`), and the rest of the script is dropped.
 """
@@ -27,23 +29,21 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 import h11
 
 from adapters.fake_server.script import (
     End,
-    Piece,
-    Raw,
     RecordedRequest,
-    Reply,
     RouteItem,
     Routes,
     RouteSpec,
     Script,
     error_reply,
 )
+from adapters.fake_server.wire import RequestReader, on_wire
 
 _RECV = 65536
 _LINGER_S = 30.0  # after a clean end, how long to wait for the client to close its side
@@ -223,79 +223,35 @@ class FakeServer:
             conn.close()
 
     def _read_request(self, conn: socket.socket) -> RecordedRequest | None:
-        parser = h11.Connection(h11.SERVER)
-        head: h11.Request | None = None
-        body = bytearray()
+        reader = RequestReader()
         while True:
+            self._wait_readable(conn)
+            data = conn.recv(_RECV)
+            if not data:
+                return None
             try:
-                event = parser.next_event()
+                request = reader.feed(data, time.monotonic())
             except h11.RemoteProtocolError as exc:
                 self._send(conn, None, error_reply(400, f"bad request: {exc}").wire_head())
                 return None
-            if event is h11.NEED_DATA:
-                self._wait_readable(conn)
-                data = conn.recv(_RECV)
-                if not data:
-                    return None
-                parser.receive_data(data)
-            elif isinstance(event, h11.Request):
-                head = event
-            elif isinstance(event, h11.Data):
-                body += event.data
-            elif isinstance(event, h11.EndOfMessage):
-                assert head is not None
-                return RecordedRequest(
-                    method=head.method.decode("ascii"),
-                    target=head.target.decode("ascii"),
-                    headers=tuple((k.decode("ascii"), v.decode("latin-1")) for k, v in head.headers),
-                    body=bytes(body),
-                    time=time.monotonic(),
-                )
-            else:  # pragma: no cover - ConnectionClosed is reported as NEED_DATA + b"" above
-                return None
+            if request is not None:
+                return request
 
     def _play(self, conn: socket.socket, request: RecordedRequest, script: Script) -> None:
-        if isinstance(script, Raw):
-            self._send_pieces(conn, request, b"", script.pieces, lambda data: data)
-            self._finish(conn, request, script.end, b"")
-            return
-        reply: Reply = script
-        self._pause(conn, request, reply.head_delay_s)
-        self._send_pieces(conn, request, reply.wire_head(), reply.pieces, reply.wire_piece)
-        tail = b"0\r\n\r\n" if reply.chunked and reply.end is End.CLOSE else b""
-        self._finish(conn, request, reply.end, tail)
-
-    def _send_pieces(
-        self,
-        conn: socket.socket,
-        request: RecordedRequest,
-        pending: bytes,
-        pieces: Sequence[Piece],
-        frame: Callable[[bytes], bytes],
-    ) -> None:
-        # Pieces due at the same moment go out in one write; a delay flushes what is pending.
-        for piece in pieces:
-            if piece.delay_s > 0:
-                self._send(conn, request, pending)
-                pending = b""
-                self._pause(conn, request, piece.delay_s)
-            if piece.data:
-                pending += frame(piece.data)
-        self._send(conn, request, pending)
-
-    def _finish(self, conn: socket.socket, request: RecordedRequest, end: End, tail: bytes) -> None:
-        if end is End.SILENCE:
+        wire = on_wire(script)
+        for after_s, data in wire.writes:
+            self._pause(conn, request, after_s)
+            self._send(conn, request, data)
+        self._pause(conn, request, wire.end_after_s)
+        if wire.end is End.SILENCE:
             self._pause(conn, request, None)
-            return
-        if tail:
-            self._send(conn, request, tail)
-        if end is End.RESET:
+        elif wire.end is End.RESET:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            return
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_WR)
-        self._pause(conn, request, _LINGER_S)  # see the client close its side
+        else:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_WR)
+            self._pause(conn, request, _LINGER_S)  # see the client close its side
 
     # -- waiting and writing --------------------------------------------------------------------
 

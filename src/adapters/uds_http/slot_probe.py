@@ -10,6 +10,7 @@ from __future__ import annotations
 from adapters.system import SystemClock
 from domain.errors import InferError
 from domain.llama_api import SLOTS_PATH, slot_state, with_model
+from domain.whole_body import read_all
 from ports.clock import Clock
 from ports.slot_probe import SlotState
 from ports.transport import TimedOut, Transport
@@ -26,7 +27,7 @@ class UdsSlotProbe:
         transport: Transport,
         *,
         timeout: float,
-        body_bytes: int = 4 * 1024 * 1024,
+        body_bytes: int,
         clock: Clock | None = None,
         model: str | None = None,
     ) -> None:
@@ -55,7 +56,7 @@ class UdsSlotProbe:
             head = exchange.head(max(deadline - clock.now(), 0.0))
             if isinstance(head, TimedOut) or head.status != 200:
                 return None
-            return exchange.read_all(self._body_bytes, max(deadline - clock.now(), 0.0))
+            return read_all(exchange, clock, self._body_bytes, max(deadline - clock.now(), 0.0))
         except InferError:
             return None
         finally:
