@@ -1,0 +1,123 @@
+"""The client's iterator forms, its `close()`, and the words of a tokenize refusal, on the in-memory
+fakes (a `FakeClock`, a `ScriptedTransport`, a `FakeSlotProbe`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeClock, FakeSlotProbe, ScriptedTransport, error_reply, sse_reply
+from adapters.fake_server.script import RouteSpec
+from app.client import Client
+from app.config import parse_config
+from app.container import Container
+from client_support import CHAT, EXPECT
+from client_support import chunk as stream_chunk
+from domain.cancel import CancelToken
+from domain.completion import FinishReason
+from domain.errors import Cancelled, ClientClosed, HttpError, RequestError
+from domain.events import ChatEvent, Content, Retrying
+from domain.messages import ChatRequest, UserMessage
+from ports import SlotState
+
+pytestmark = pytest.mark.timeout(10)
+
+CID = "chatcmpl-mutants"
+REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
+chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)
+ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
+
+
+class ZeroJitter:
+    def uniform(self, a: float, b: float) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def client_for() -> Iterator[Callable[..., tuple[Client, ScriptedTransport]]]:
+    containers: list[Container] = []
+
+    def build(routes: dict[tuple[str, str], RouteSpec]) -> tuple[Client, ScriptedTransport]:
+        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT})
+        clock = FakeClock()
+        transport = ScriptedTransport(clock, routes)
+        container = Container(config=config)
+        probe = FakeSlotProbe({REQ.slot: SlotState.IDLE})
+        container.override_providers(clock=clock, transport=transport, probe=probe, rng=ZeroJitter())
+        containers.append(container)
+        return container.client(), transport
+
+    yield build
+    for container in containers:
+        container.reset_override()
+
+
+def test_stream_yields_the_events_then_holds_the_completion(client_for: Callable[..., Any]) -> None:
+    client, _ = client_for({CHAT: sse_reply(ANSWER)})
+    with client.stream(REQ) as stream:
+        events = list(stream)
+    assert events == [Content("Hi"), Content("!")]
+    assert stream.completion.content == "Hi!"
+    assert stream.completion.finish_reason is FinishReason.STOP
+
+
+def test_stream_makes_one_attempt_and_stream_with_retry_retries(client_for: Callable[..., Any]) -> None:
+    client, transport = client_for({CHAT: [error_reply(503, "Loading model"), sse_reply(ANSWER)]})
+    with pytest.raises(HttpError) as caught, client.stream(REQ) as stream:
+        list(stream)
+    assert caught.value.status == 503
+    assert len(transport.requests) == 1
+
+    client, transport = client_for({CHAT: [error_reply(503, "Loading model"), sse_reply(ANSWER)]})
+    with client.stream_with_retry(REQ) as stream:
+        events = list(stream)
+    assert [type(e) for e in events] == [Retrying, Content, Content]
+    assert stream.completion.content == "Hi!"
+    assert len(transport.requests) == 2
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_stream_with_a_cancelled_token_sends_nothing(client_for: Callable[..., Any], retry: bool) -> None:
+    client, transport = client_for({CHAT: sse_reply(ANSWER)})
+    token = CancelToken()
+    token.cancel()
+    opened = client.stream_with_retry(REQ, token) if retry else client.stream(REQ, token)
+    with pytest.raises(Cancelled), opened as stream:
+        list(stream)
+    assert transport.requests == []
+
+
+def test_a_closed_client_refuses_a_new_call_without_touching_the_server(client_for: Callable[..., Any]) -> None:
+    client, transport = client_for({CHAT: sse_reply(ANSWER)})
+    client.close()
+    client.close()  # idempotent
+    with pytest.raises(ClientClosed) as caught:
+        client.chat(REQ, lambda event: None)
+    assert str(caught.value) == "the client is closed"
+    assert transport.requests == []
+
+
+def test_closing_the_client_during_a_call_ends_that_call(client_for: Callable[..., Any]) -> None:
+    client, _ = client_for({CHAT: sse_reply(ANSWER, delay_s=0.01)})  # one read per chunk
+    seen: list[ChatEvent] = []
+
+    def close_on_first(event: ChatEvent) -> None:
+        seen.append(event)
+        if len(seen) == 1:
+            client.close()  # from the call's own thread: it cannot end before close() returns
+
+    with pytest.raises(ClientClosed) as caught:
+        client.chat(REQ, close_on_first)
+    assert str(caught.value) == "the client was closed while the call ran"
+    assert seen == [Content("Hi")]
+
+
+def test_tokenize_refuses_what_is_not_text_naming_its_type(client_for: Callable[..., Any]) -> None:
+    client, transport = client_for({})
+    with pytest.raises(RequestError) as caught:
+        client.tokenize(b"hello")
+    assert str(caught.value) == "tokenize takes text (a str), not bytes"
+    assert transport.requests == []
