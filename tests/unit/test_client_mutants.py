@@ -3,14 +3,15 @@ fakes (a `FakeClock`, a `ScriptedTransport`, a `FakeSlotProbe`)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeClock, FakeSlotProbe, ScriptedTransport, error_reply, sse_reply
-from adapters.fake_server.script import RouteSpec
+from adapters.fake_server import FakeClock, FakeSlotProbe, Reply, ScriptedTransport, error_reply, sse_reply
+from adapters.fake_server.script import JSON_HEADERS, Piece, RouteSpec
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
@@ -40,8 +41,8 @@ class ZeroJitter:
 def client_for() -> Iterator[Callable[..., tuple[Client, ScriptedTransport]]]:
     containers: list[Container] = []
 
-    def build(routes: dict[tuple[str, str], RouteSpec]) -> tuple[Client, ScriptedTransport]:
-        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT})
+    def build(routes: dict[tuple[str, str], RouteSpec], **sections: Any) -> tuple[Client, ScriptedTransport]:
+        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
         clock = FakeClock()
         transport = ScriptedTransport(clock, routes)
         container = Container(config=config)
@@ -121,3 +122,49 @@ def test_tokenize_refuses_what_is_not_text_naming_its_type(client_for: Callable[
         client.tokenize(b"hello")
     assert str(caught.value) == "tokenize takes text (a str), not bytes"
     assert transport.requests == []
+
+
+def test_chat_with_retry_with_a_cancelled_token_sends_nothing_not_even_for_the_slot_count(
+    client_for: Callable[..., Any],
+) -> None:
+    client, transport = client_for({CHAT: sse_reply(ANSWER)}, expect=None)  # the slot count comes from /props
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        client.chat_with_retry(REQ, lambda event: None, token)
+    assert transport.requests == []
+
+
+def test_a_retry_is_judged_by_the_milliseconds_spent_so_far(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first attempt takes 2000 ms; a wait of 999 ms then ends at 2999 ms, inside a 3000 ms budget.
+    retry = {"attempts": 2, "delays_ms": [999], "jitter": 0.0, "total_ms": 3000}
+    routes = {CHAT: [Reply(503, JSON_HEADERS, [Piece(0.0, b"{}")], head_delay_s=2.0), sse_reply(ANSWER)]}
+    client, _ = client_for(routes, retry=retry)
+    events: list[ChatEvent] = []
+    with caplog.at_level(logging.WARNING, logger="inferpath.client"):
+        completion = client.chat_with_retry(REQ, events.append)
+    assert completion.content == "Hi!"
+    assert events[0] == Retrying(attempt=2, after_ms=999, error="HttpError: HTTP 503: {}")
+    assert [r.getMessage() for r in caplog.records] == [
+        "slot 1: retrying as attempt 2 in 999 ms after HttpError: HTTP 503: {}"
+    ]
+
+
+def test_a_cancel_during_the_retry_wait_ends_the_wait_at_once(client_for: Callable[..., Any]) -> None:
+    retry = {"attempts": 2, "delays_ms": [60_000], "jitter": 0.0, "total_ms": 300_000}
+    client, transport = client_for({CHAT: [error_reply(503, "Loading model"), sse_reply(ANSWER)]}, retry=retry)
+    token = CancelToken()
+    clock = transport.clock
+    waited_from: list[float] = []
+
+    def cancel_on_retrying(event: ChatEvent) -> None:
+        if isinstance(event, Retrying):
+            waited_from.append(clock.now())
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        client.chat_with_retry(REQ, cancel_on_retrying, token)
+    assert clock.now() == waited_from[0]  # the 60 s wait was not slept
+    assert len(transport.requests) == 1
