@@ -129,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (llama.ServerStartError, RuntimeError) as exc:
         print(f"serve: {exc}", file=sys.stderr, flush=True)
+        if "another inferproxy holds" in str(exc):
+            print(
+                f"serve: is another `make serve` running on {args.run_dir}? Stop it, or pass --run-dir FOLDER",
+                file=sys.stderr,
+                flush=True,
+            )
         return 1
 
 
