@@ -37,7 +37,7 @@ from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion, Timings
 from domain.errors import ClientClosed, HttpError, InferError, ProtocolError, RequestError
-from domain.events import ChatEvent, Queued, Retrying
+from domain.events import ChatEvent, Progress, Queued, Retrying
 from domain.fetch import FetchLimits, error_body, fetch
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -57,7 +57,7 @@ from domain.llama_api import (
     with_model,
 )
 from domain.messages import ChatRequest
-from domain.request import RequestSettings, build_chat_body, build_control_body
+from domain.request import RequestSettings, build_chat_body, build_control_body, effective_max_tokens
 from domain.retry import RetryPolicy
 from domain.waiting import FirstByteWait
 from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
@@ -67,6 +67,8 @@ __all__ = ["Client", "EventSink", "EventStream", "Props", "SlotInfo", "Token"]
 EventSink = Callable[[ChatEvent], None]
 
 log = logging.getLogger("inferpath.client")
+# Silent unless the daemon configures logging: the library's loggers never print by themselves.
+logging.getLogger("inferpath").addHandler(logging.NullHandler())
 
 # `close()` waits this long for the calls it cancelled to return.
 CLOSE_WAIT_S = 0.3
@@ -163,7 +165,7 @@ class Client:
             if retry:
                 completion = yield from self._retrying(req, token)
             else:
-                completion = yield from self._gated(req.slot, self.render(req, token), token)
+                completion = yield from self._gated(req, self.render(req, token), token)
             self._log_done(req.slot, completion)
             return completion
         finally:
@@ -181,7 +183,7 @@ class Client:
             try:
                 if body is None:
                     body = self.render(req, token)
-                return (yield from self._gated(req.slot, body, token))
+                return (yield from self._gated(req, body, token))
             except InferError as error:
                 decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
                 if not decision.retry:
@@ -195,8 +197,9 @@ class Client:
                 self._clock.sleep(decision.after_ms / 1000.0, token.event)
                 token.raise_if_cancelled()
 
-    def _gated(self, slot: int, body: bytes, token: CancelToken) -> ChatSteps:
+    def _gated(self, req: ChatRequest, body: bytes, token: CancelToken) -> ChatSteps:
         """One attempt through the slot gate: queue (emitting `Queued`), hold, attempt, release."""
+        slot = req.slot
         ticket = self._gate.enter(slot)
         try:
             ahead = ticket.ahead
@@ -204,17 +207,16 @@ class Client:
                 log.debug("slot %d: queued, %d ahead", slot, ahead)
                 yield Queued(ahead)
                 ahead = self._gate.wait(ticket, token)
-            return (yield from self._attempt(slot, body, token))
+            return (yield from self._attempt(req, body, token))
         finally:
             self._gate.leave(ticket)
 
-    def _attempt(self, slot: int, body: bytes, token: CancelToken) -> ChatSteps:
+    def _attempt(self, req: ChatRequest, body: bytes, token: CancelToken) -> ChatSteps:
         token.raise_if_cancelled()
         limits = self._limits
-        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0)
-        unwatch = token.on_cancel(exchange.abort)
+        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token)
         try:
-            head = yield from self._await_head(exchange, slot, token)
+            head = yield from self._await_head(exchange, req.slot, token)
             if head.status != 200:
                 deadline = self._clock.now() + limits.stream.liveness_ms / 1000.0
                 kept = error_body(exchange, self._clock, deadline, limits.error_body_bytes)
@@ -224,13 +226,12 @@ class Client:
                 # A whole answer where a stream was asked for would read as a stream without its
                 # final chunk and be retried; it is a server that ignored `stream: true`.
                 raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
-            return (yield from self._pump(exchange, token))
+            return (yield from self._pump(exchange, effective_max_tokens(req, self._settings), token))
         except InferError as exc:
             if token.cancelled:  # the abort broke the connection: say why
                 raise token.error() from exc
             raise
         finally:
-            unwatch()
             exchange.close()
 
     def _await_head(
@@ -253,17 +254,19 @@ class Client:
             if not isinstance(head, TimedOut):
                 log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
                 return head
-            decision = wait.on_poll(clock.now(), self._probe.state(slot))
+            decision = wait.on_poll(clock.now(), self._probe.state(slot, token))
             token.raise_if_cancelled()
             yield decision.event
             if decision.error is not None:
                 raise decision.error
 
-    def _pump(self, exchange: Exchange, token: CancelToken) -> ChatSteps:
+    def _pump(self, exchange: Exchange, max_tokens: int, token: CancelToken) -> ChatSteps:
         """Read with the deadline the stream gives, feed it, act on its steps."""
         clock = self._clock
         read = exchange.read
-        stream = ChatStream(self._limits.stream, self._settings.max_tokens, clock.now())
+        stream = ChatStream(self._limits.stream, max_tokens, clock.now())
+        started = clock.now()
+        first = True
         while True:
             data = read(stream.timeout(clock.now()))
             if isinstance(data, TimedOut):
@@ -279,6 +282,9 @@ class Client:
                 elif isinstance(step, InferError):
                     raise step
                 else:
+                    if first and not isinstance(step, Progress):
+                        first = False
+                        log.debug("first token %.0f ms after the head", (clock.now() - started) * 1000)
                     yield step
 
     def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
@@ -286,7 +292,7 @@ class Client:
         `{"success": true}`, else what went wrong."""
         try:
             body = build_control_body(completion_id, self._settings.model)
-            answer = fetch(self._transport, self._clock, "POST", CONTROL_PATH, body, self._control)
+            answer = fetch(self._transport, self._clock, "POST", CONTROL_PATH, body, self._control, token)
             return control_refusal(answer)
         except InferError as exc:
             token.raise_if_cancelled()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from domain.errors import HttpError, InferError, Stalled
 from domain.whole_body import read_all
 from ports.clock import Clock
-from ports.transport import Exchange, TimedOut, Transport
+from ports.transport import CancelSignal, Exchange, TimedOut, Transport
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +29,18 @@ class FetchLimits:
     error_body_bytes: int
 
 
-def fetch(transport: Transport, clock: Clock, method: str, path: str, body: bytes | None, limits: FetchLimits) -> bytes:
-    """The body of a 200 answer to `method path`; see the module for the rule."""
-    exchange = transport.open(method, path, body, timeout=limits.head_wait_s)
+def fetch(
+    transport: Transport,
+    clock: Clock,
+    method: str,
+    path: str,
+    body: bytes | None,
+    limits: FetchLimits,
+    cancel: CancelSignal | None = None,
+) -> bytes:
+    """The body of a 200 answer to `method path`; see the module for the rule. `cancel` aborts
+    the connection when the call is cancelled."""
+    exchange = transport.open(method, path, body, timeout=limits.head_wait_s, cancel=cancel)
     try:
         head = exchange.head(limits.head_wait_s)
         if isinstance(head, TimedOut):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from typing import Protocol, runtime_checkable
 
+from ports.transport import CancelSignal
+
 
 class SlotState(enum.Enum):
     BUSY = "busy"  # the slot is processing another request: ours is queued behind it
@@ -16,6 +18,8 @@ class SlotState(enum.Enum):
 class SlotProbe(Protocol):
     """`state(slot)` answers within its own short timeout and never raises for a server fault:
     every failure to learn the state (refused, 503, timeout, a malformed or missing slot entry)
-    is `SlotState.UNAVAILABLE`. It raises only for a programming error (a negative slot id)."""
+    is `SlotState.UNAVAILABLE`. It raises only for a programming error (a negative slot id).
+    A `cancel` signal, when given, aborts the probe's connection when the call is cancelled (the
+    answer is then `UNAVAILABLE`, and the caller sees the cancellation)."""
 
-    def state(self, slot: int) -> SlotState: ...
+    def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState: ...

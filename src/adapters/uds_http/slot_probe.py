@@ -1,19 +1,25 @@
-"""The real `SlotProbe`: `GET /slots` on a connection of its own, within its own short timeout.
+"""The real `SlotProbe`: `GET /slots` on a connection of its own, within its own short timeout
+(the head within `timeout`, the body within `timeout` more; `domain.fetch`'s rule).
 
 Every way of not learning the state (refused, 503 while loading, 501 with `--no-slots`, silence,
 a cut, a malformed or oversized body, no entry for the slot) is `SlotState.UNAVAILABLE`; only a
-negative slot id, a caller's bug, raises.
+negative slot id, a caller's bug, raises. Each such failure is logged at WARNING with its reason
+under `inferpath.probe`: the state says only "unavailable", the log says why.
 """
 
 from __future__ import annotations
 
+import logging
+
 from adapters.system import SystemClock
-from domain.errors import InferError
+from domain.errors import ERROR_BODY_BYTES, InferError
+from domain.fetch import FetchLimits, fetch
 from domain.llama_api import SLOTS_PATH, slot_state, with_model
-from domain.whole_body import read_all
 from ports.clock import Clock
 from ports.slot_probe import SlotState
-from ports.transport import TimedOut, Transport
+from ports.transport import CancelSignal, Transport
+
+log = logging.getLogger("inferpath.probe")
 
 
 class UdsSlotProbe:
@@ -37,27 +43,17 @@ class UdsSlotProbe:
         self._body_bytes = body_bytes
         self._clock: Clock = clock if clock is not None else SystemClock()
 
-    def state(self, slot: int) -> SlotState:
+    def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
         if slot < 0:
             raise ValueError(f"slot ids are never negative, got {slot}")
-        body = self._fetch()
-        if body is None:
+        limits = FetchLimits(self._timeout, self._timeout, self._body_bytes, ERROR_BODY_BYTES)
+        try:
+            body = fetch(self._transport, self._clock, "GET", self._path, None, limits, cancel)
+        except InferError as exc:
+            # The server cannot say (refused, loading, silent, malformed): the load budget runs.
+            log.warning("slot %d: /slots probe failed (%s: %s)", slot, type(exc).__name__, exc)
             return SlotState.UNAVAILABLE
-        return slot_state(body, slot)
-
-    def _fetch(self) -> bytes | None:
-        clock = self._clock
-        deadline = clock.now() + self._timeout
-        try:
-            exchange = self._transport.open("GET", self._path, timeout=self._timeout)
-        except InferError:
-            return None
-        try:
-            head = exchange.head(max(deadline - clock.now(), 0.0))
-            if isinstance(head, TimedOut) or head.status != 200:
-                return None
-            return read_all(exchange, clock, self._body_bytes, max(deadline - clock.now(), 0.0))
-        except InferError:
-            return None
-        finally:
-            exchange.close()
+        state = slot_state(body, slot)
+        if state is SlotState.UNAVAILABLE:
+            log.warning("slot %d: /slots answer has no readable entry for this slot", slot)
+        return state
