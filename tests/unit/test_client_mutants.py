@@ -17,8 +17,9 @@ from app.config import parse_config
 from app.container import Container
 from client_support import CHAT, EXPECT
 from client_support import chunk as stream_chunk
+from domain.cache import cache_outcome
 from domain.cancel import CancelToken
-from domain.completion import FinishReason
+from domain.completion import FinishReason, Timings
 from domain.errors import Cancelled, ClientClosed, HttpError, RequestError
 from domain.events import ChatEvent, Content, Retrying
 from domain.messages import ChatRequest, UserMessage
@@ -168,3 +169,17 @@ def test_a_cancel_during_the_retry_wait_ends_the_wait_at_once(client_for: Callab
         client.chat_with_retry(REQ, cancel_on_retrying, token)
     assert clock.now() == waited_from[0]  # the 60 s wait was not slept
     assert len(transport.requests) == 1
+
+
+def test_each_answer_is_logged_with_its_counts_and_the_cache_outcome_against_the_one_before(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = client_for({CHAT: [sse_reply(ANSWER), sse_reply(ANSWER)]})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"):
+        client.chat(REQ, lambda event: None)
+        client.chat(REQ, lambda event: None)
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slot 1: stop")]
+    against = [r.getMessage() for r in caplog.records if "against the request before it" in r.getMessage()]
+    assert done == ["slot 1: stop, 42 prompt tokens (3 cached), 2 predicted, 0 reasoning"] * 2
+    timings = Timings(cache_n=3, prompt_n=39, predicted_n=2)
+    assert against == [f"slot 1: against the request before it: {cache_outcome(timings, timings)}"]
