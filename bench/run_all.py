@@ -17,6 +17,7 @@ SUITES = [
     ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
     ("client CPU per chunk vs openai-python", "client_bench"),
     ("end to end against the real llama-server", "e2e_bench"),
+    ("cancel latency per phase, cancel() to return", "cancel_bench"),
 ]
 
 
