@@ -9,6 +9,8 @@ wait budgets of 150 ms, liveness 100 ms, retry waits of 50, 80 and 120 ms withou
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from adapters.fake_server import FakeServer, RecordedRequest
@@ -30,13 +32,28 @@ LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_
 RETRY = {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000}
 
 
-def config_for(socket_path: str, *, expect: bool = True, retry: dict[str, Any] | None = None,
-               **limits: int) -> Config:
+def config_for(socket_path: str, *, expect: bool = True, retry: dict[str, Any] | None = None, **limits: int) -> Config:
     """`LIMITS` and `RETRY` with the given changes; `expect=False` leaves the slot count to `/props`."""
     data: dict[str, Any] = {"socket": socket_path, "limits": {**LIMITS, **limits}, "retry": {**RETRY, **(retry or {})}}
     if expect:
         data["expect"] = EXPECT
     return parse_config(data)
+
+
+@contextlib.contextmanager
+def overridden() -> Iterator[Callable[..., Container]]:
+    """The one way tests override providers: `with overridden() as make:` then
+    `make(config, clock=..., transport=...)` builds a container whose providers are overridden
+    until the block ends (`Container.override_providers` as a context manager, for every
+    container built)."""
+    with contextlib.ExitStack() as stack:
+
+        def make(config: Config, **providers: Any) -> Container:
+            container = Container(config=config)
+            stack.enter_context(container.override_providers(**providers))
+            return container
+
+        yield make
 
 
 def client_for(server: FakeServer, **options: Any) -> Client:
@@ -49,9 +66,16 @@ def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest
     return [r for r in server.requests if (r.method, r.path) == route]
 
 
-def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: int | None = None,
-          progress: tuple[int, int, int] | None = None, cid: str = CID, cache_n: int = 0,
-          prompt_n: int = 42) -> dict[str, Any]:
+def chunk(
+    delta: dict[str, Any] | None = None,
+    *,
+    finish: str | None = None,
+    n: int | None = None,
+    progress: tuple[int, int, int] | None = None,
+    cid: str = CID,
+    cache_n: int = 0,
+    prompt_n: int = 42,
+) -> dict[str, Any]:
     """A llama-server chunk: `n` is `timings.predicted_n`, `progress` is (total, cache, processed)."""
     out: dict[str, Any] = {
         "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
@@ -62,7 +86,11 @@ def chunk(delta: dict[str, Any] | None = None, *, finish: str | None = None, n: 
     }
     if n is not None:
         out["timings"] = {
-            "cache_n": cache_n, "prompt_n": prompt_n, "prompt_ms": 124.4, "predicted_n": n, "predicted_ms": 7.3 * n,
+            "cache_n": cache_n,
+            "prompt_n": prompt_n,
+            "prompt_ms": 124.4,
+            "predicted_n": n,
+            "predicted_ms": 7.3 * n,
         }
     if progress is not None:
         total, cache, processed = progress

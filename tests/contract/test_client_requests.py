@@ -51,6 +51,7 @@ from client_support import (
     chunk,
     client_for,
     config_for,
+    overridden,
     recorded,
 )
 from domain.completion import Completion, FinishReason, Timings
@@ -176,15 +177,13 @@ def test_wait_timeout_has_already_waited_and_is_not_retried(server: FakeServer) 
 
 @pytest.mark.parametrize("how", ["fake clock", "real clock"])
 def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits(tmp_path: Any, how: str) -> None:
-    container = Container(config=config_for(str(tmp_path / "missing.sock")))
     clock = FakeClock()
-    if how == "fake clock":
-        container.clock.override(clock)
     events: list[ChatEvent] = []
     started = time.monotonic()
 
-    with pytest.raises(ConnectError, match="no such socket file"):
-        container.client().chat_with_retry(REQ, events.append)
+    with overridden() as make, pytest.raises(ConnectError, match="no such socket file"):
+        overrides = {"clock": clock} if how == "fake clock" else {}
+        make(config_for(str(tmp_path / "missing.sock")), **overrides).client().chat_with_retry(REQ, events.append)
 
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80), (4, 120)]
     assert len(events) == 3
@@ -196,13 +195,12 @@ def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits
 
 
 def test_retries_never_wait_past_the_total_budget(tmp_path: Any) -> None:
-    container = Container(config=config_for(str(tmp_path / "missing.sock"), retry={"total_ms": 200}))
+    config = config_for(str(tmp_path / "missing.sock"), retry={"total_ms": 200})
     clock = FakeClock()
-    container.clock.override(clock)
     events: list[ChatEvent] = []
 
-    with pytest.raises(ConnectError):
-        container.client().chat_with_retry(REQ, events.append)
+    with overridden() as make, pytest.raises(ConnectError):
+        make(config, clock=clock).client().chat_with_retry(REQ, events.append)
 
     # 50 + 80 = 130 ms waited; a third wait of 120 ms would end at 250 ms, past the 200 ms budget.
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80)]
@@ -212,13 +210,10 @@ def test_retries_never_wait_past_the_total_budget(tmp_path: Any) -> None:
 def test_retry_waits_are_jittered_within_a_quarter_of_the_delay(tmp_path: Any) -> None:
     config = config_for(str(tmp_path / "missing.sock"), retry={"jitter": 0.25, "delays_ms": [100, 200, 400]})
     for seed in range(20):
-        container = Container(config=config)
         clock = FakeClock()
-        container.clock.override(clock)
-        container.rng.override(random.Random(seed))
         events: list[ChatEvent] = []
-        with pytest.raises(ConnectError):
-            container.client().chat_with_retry(REQ, events.append)
+        with overridden() as make, pytest.raises(ConnectError):
+            make(config, clock=clock, rng=random.Random(seed)).client().chat_with_retry(REQ, events.append)
         waits = [e.after_ms for e in events if isinstance(e, Retrying)]
         assert len(waits) == 3
         for wait, delay in zip(waits, (100, 200, 400), strict=True):

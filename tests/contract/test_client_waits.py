@@ -33,7 +33,6 @@ from adapters.fake_server import (
     sse_reply,
 )
 from adapters.uds_http import UdsSlotProbe, UdsTransport
-from app.container import Container
 from client_support import (
     ANSWER,
     ANSWER_COMPLETION,
@@ -45,6 +44,7 @@ from client_support import (
     chunk,
     client_for,
     config_for,
+    overridden,
     recorded,
 )
 from domain.completion import FinishReason
@@ -119,20 +119,21 @@ def _refusing_socket(folder: str) -> tuple[socket.socket, str]:
 @pytest.mark.parametrize("how", ["refused", "503 loading", "closed without an answer"])
 def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tmp_path: Any, how: str) -> None:
     server.route(*CHAT, silence())
-    container = Container(config=config_for(server.socket_path))
+    config = config_for(server.socket_path)
     refusing: socket.socket | None = None
+    overrides: dict[str, Any] = {}
     if how == "refused":
         refusing, path = _refusing_socket(str(tmp_path))
-        probe = UdsSlotProbe(UdsTransport(path, header_bytes=16384), timeout=0.1, body_bytes=4 * 1024 * 1024)
-        container.probe.override(probe)
+        transport = UdsTransport(path, header_bytes=16384)
+        overrides["probe"] = UdsSlotProbe(transport, timeout=0.1, body_bytes=4 * 1024 * 1024)
     elif how == "503 loading":
         server.route(*SLOTS, loading())
     else:
         server.route(*SLOTS, Raw((), End.CLOSE))
     events: list[ChatEvent] = []
     try:
-        with pytest.raises(LoadTimeout, match="unavailable"):
-            container.client().chat(REQ, events.append)
+        with overridden() as make, pytest.raises(LoadTimeout, match="unavailable"):
+            make(config, **overrides).client().chat(REQ, events.append)
     finally:
         if refusing is not None:
             refusing.close()

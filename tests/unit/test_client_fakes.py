@@ -29,8 +29,7 @@ from adapters.fake_server import (
 from adapters.fake_server.script import RouteSpec
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
-from app.container import Container
-from client_support import CHAT, CONTROL, EXPECT
+from client_support import CHAT, CONTROL, EXPECT, overridden
 from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
@@ -74,7 +73,6 @@ class Rig:
 @pytest.fixture
 def rig_for() -> Iterator[Callable[..., Rig]]:
     """Build a client from config (the brief's defaults unless given) on the in-memory fakes."""
-    containers: list[Container] = []
 
     def build(routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None,
               **sections: Any) -> Rig:
@@ -86,14 +84,11 @@ def rig_for() -> Iterator[Callable[..., Rig]]:
         clock = FakeClock()
         transport = ScriptedTransport(clock, routes, header_bytes=config.limits.header_bytes)
         probe = FakeSlotProbe({REQ.slot: slot})
-        container = Container(config=config)
-        container.override_providers(clock=clock, transport=transport, probe=probe, rng=rng or ZeroJitter())
-        containers.append(container)
+        container = make(config, clock=clock, transport=transport, probe=probe, rng=rng or ZeroJitter())
         return Rig(container.client(), clock, transport, probe, [])
 
-    yield build
-    for container in containers:
-        container.reset_override()
+    with overridden() as make:
+        yield build
 
 
 ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]

@@ -17,8 +17,7 @@ import pytest
 from adapters.fake_server import FakeClock, FakeSlotProbe, ScriptedTransport, error_reply, sse_reply
 from app.client import Client
 from app.config import parse_config
-from app.container import Container
-from client_support import CHAT, EXPECT
+from client_support import CHAT, EXPECT, overridden
 from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import Busy
@@ -64,7 +63,6 @@ class Rig:
 
 @pytest.fixture
 def rig_for() -> Iterator[Callable[..., Rig]]:
-    containers: list[Container] = []
 
     def build(*replies: Any, queue_per_slot: int = 8) -> Rig:
         config = parse_config(
@@ -77,20 +75,18 @@ def rig_for() -> Iterator[Callable[..., Rig]]:
         clock = HookedClock()
         transport = ScriptedTransport(clock, {CHAT: list(replies)})
         gate = SlotGate(queue_per_slot)
-        container = Container(config=config)
-        container.override_providers(
+        container = make(
+            config,
             clock=clock,
             transport=transport,
             probe=FakeSlotProbe({REQ.slot: SlotState.IDLE}),
             rng=ZeroJitter(),
             gate=gate,
         )
-        containers.append(container)
         return Rig(container.client(), gate, clock, transport)
 
-    yield build
-    for container in containers:
-        container.reset_override()
+    with overridden() as make:
+        yield build
 
 
 def test_the_slot_is_held_during_an_attempt_and_free_at_retrying_and_through_the_wait(

@@ -14,8 +14,7 @@ from adapters.fake_server import FakeClock, FakeSlotProbe, Reply, ScriptedTransp
 from adapters.fake_server.script import JSON_HEADERS, Piece, RouteSpec
 from app.client import Client
 from app.config import parse_config
-from app.container import Container
-from client_support import CHAT, EXPECT
+from client_support import CHAT, EXPECT, overridden
 from client_support import chunk as stream_chunk
 from domain.cache import cache_outcome
 from domain.cancel import CancelToken
@@ -40,21 +39,16 @@ class ZeroJitter:
 
 @pytest.fixture
 def client_for() -> Iterator[Callable[..., tuple[Client, ScriptedTransport]]]:
-    containers: list[Container] = []
-
     def build(routes: dict[tuple[str, str], RouteSpec], **sections: Any) -> tuple[Client, ScriptedTransport]:
         config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
         clock = FakeClock()
         transport = ScriptedTransport(clock, routes)
-        container = Container(config=config)
         probe = FakeSlotProbe({REQ.slot: SlotState.IDLE})
-        container.override_providers(clock=clock, transport=transport, probe=probe, rng=ZeroJitter())
-        containers.append(container)
+        container = make(config, clock=clock, transport=transport, probe=probe, rng=ZeroJitter())
         return container.client(), transport
 
-    yield build
-    for container in containers:
-        container.reset_override()
+    with overridden() as make:
+        yield build
 
 
 def test_stream_yields_the_events_then_holds_the_completion(client_for: Callable[..., Any]) -> None:

@@ -22,7 +22,7 @@ from app import selftest
 from app.config import Config, parse_config
 from app.container import Container
 from app.selftest import MAX_TOKENS, SYSTEM, TURN1_PROMPT, TURN2_PROMPT, Report, cache_check_floor, run
-from client_support import CHAT, PROPS, ROLE, chunk
+from client_support import CHAT, PROPS, ROLE, chunk, overridden
 from domain.request import RequestError
 
 pytestmark = pytest.mark.timeout(10)
@@ -100,23 +100,19 @@ class Outcome:
 @pytest.fixture
 def selftest_on() -> Iterator[Callable[..., Outcome]]:
     """Run the self-test against `Server` on the in-memory fakes, with the config's changes."""
-    containers: list[Container] = []
 
     def go(server: Server, *, refusing: bool = False, **sections: Any) -> Outcome:
         config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
         clock = FakeClock()
         transport = ScriptedTransport(clock, {PROPS: server.answer_props, CHAT: server.answer_chat})
         transport.refusing = refusing
-        container = Container(config=selftest.selftest_config(config))
-        container.override_providers(clock=clock, transport=transport, probe=FakeSlotProbe())
-        containers.append(container)
+        container = make(selftest.selftest_config(config), clock=clock, transport=transport, probe=FakeSlotProbe())
         lines: list[str] = []
         report = run(config, container.client(), lines.append)
         return Outcome(report, lines, transport)
 
-    yield go
-    for container in containers:
-        container.reset_override()
+    with overridden() as make:
+        yield go
 
 
 def check_lines(outcome: Outcome) -> list[str]:

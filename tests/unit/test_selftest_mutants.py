@@ -16,8 +16,7 @@ from adapters.fake_server import FakeClock, FakeSlotProbe, RecordedRequest, Scri
 from adapters.fake_server.script import Script
 from app import selftest
 from app.config import ConfigError, parse_config
-from app.container import Container
-from client_support import CHAT, PROPS, ROLE, chunk
+from client_support import CHAT, PROPS, ROLE, chunk, overridden
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -75,23 +74,19 @@ class Outcome:
 
 @pytest.fixture
 def selftest_on() -> Iterator[Callable[..., Outcome]]:
-    containers: list[Container] = []
 
     def go(server: Server, **sections: Any) -> Outcome:
         config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
         clock = FakeClock()
         transport = ScriptedTransport(clock, {PROPS: json_reply(PROPS_ANSWER), CHAT: server.answer_chat})
-        container = Container(config=selftest.selftest_config(config))
-        container.override_providers(clock=clock, transport=transport, probe=FakeSlotProbe())
-        containers.append(container)
+        container = make(selftest.selftest_config(config), clock=clock, transport=transport, probe=FakeSlotProbe())
         lines: list[str] = []
         report = selftest.run(config, container.client(), lines.append)
         chats = [r.json() for r in transport.requests if (r.method, r.path) == CHAT]
         return Outcome(report, lines, chats)
 
-    yield go
-    for container in containers:
-        container.reset_override()
+    with overridden() as make:
+        yield go
 
 
 def test_the_tool_check_asks_without_thinking_and_both_cache_turns_with_thinking(
