@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from adapters.proxy.options import Address, Limits
+from adapters.proxy.options import Address, ProxyLimits
 from adapters.proxy.server import ACCEPT_BATCH, Proxy
 from adapters.proxy.socket_file import bind_socket_file
 from adapters.proxy.stderr_log import StderrLog
@@ -75,7 +75,12 @@ def test_a_stop_in_the_middle_of_a_flood_that_outpaces_the_accept_loop_ends_serv
     lines: list[str] = []
     with LoopbackUpstream(echo) as upstream:
         proxy = Proxy(
-            bind_socket_file(path), upstream.address, Limits(burst=1), clock=flood, log=lines.append, connect_timeout=2
+            bind_socket_file(path),
+            upstream.address,
+            ProxyLimits(burst=1),
+            clock=flood,
+            log=lines.append,
+            connect_timeout=2,
         )
         thread = threading.Thread(target=proxy.serve, name="inferproxy-serve")
         thread.start()
@@ -139,7 +144,7 @@ def test_with_stderr_full_and_unread_a_flood_of_3000_refusals_neither_stops_forw
     clock = ManualClock()
     with full_pipe() as (r, w, filler), LoopbackUpstream(echo) as upstream:
         log = StderrLog(w)
-        proxy = Proxy(bind_socket_file(path), upstream.address, Limits(burst=1, rate=2), clock=clock, log=log)
+        proxy = Proxy(bind_socket_file(path), upstream.address, ProxyLimits(burst=1, rate=2), clock=clock, log=log)
         try:
             with serving(proxy) as thread:
                 assert echoes_within(path, 2.0)  # spends the one token

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from adapters.proxy.options import Limits
+from adapters.proxy.options import ProxyLimits
 from adapters.proxy.testing import LoopbackUpstream, ManualClock, RunningProxy, echo, running_proxy
 
 CONNS_FULL = "refused a connection: 8 connections already open"
@@ -54,7 +54,7 @@ def echoes(proxy: RunningProxy) -> bool:
 def test_the_ninth_connection_is_closed_at_once_while_eight_stay_open_and_working(tmp_path: Path) -> None:
     with (
         LoopbackUpstream(echo) as upstream,
-        running_proxy(str(tmp_path / "p.sock"), upstream.address, Limits(max_conns=8, burst=10, rate=2)) as proxy,
+        running_proxy(str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=8, burst=10, rate=2)) as proxy,
     ):
         eight = [proxy.connect() for _ in range(8)]
         try:
@@ -77,7 +77,7 @@ def test_the_ninth_connection_is_closed_at_once_while_eight_stay_open_and_workin
 
 def test_ten_connections_are_accepted_in_a_burst_and_then_about_two_per_second(tmp_path: Path) -> None:
     clock = ManualClock()
-    limits = Limits(max_conns=100, burst=10, rate=2)
+    limits = ProxyLimits(max_conns=100, burst=10, rate=2)
     with (
         LoopbackUpstream(echo) as upstream,
         running_proxy(str(tmp_path / "p.sock"), upstream.address, limits, clock=clock) as proxy,
@@ -102,7 +102,7 @@ def test_an_attempt_refused_for_a_full_house_still_spends_a_token(tmp_path: Path
     with (
         LoopbackUpstream(echo) as upstream,
         running_proxy(
-            str(tmp_path / "p.sock"), upstream.address, Limits(max_conns=1, burst=3, rate=2), clock=clock
+            str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=3, rate=2), clock=clock
         ) as proxy,
         proxy.connect() as held,
     ):

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from adapters.proxy.__main__ import main
-from adapters.proxy.options import MAX_SOCKET_PATH_BYTES, Address, Limits, UsageError, parse_args
+from adapters.proxy.options import MAX_SOCKET_PATH_BYTES, Address, ProxyLimits, UsageError, parse_args
 
 
 def test_the_defaults_are_the_briefs_limits(tmp_path: Path) -> None:
     settings = parse_args(["--listen", str(tmp_path / "infer.sock"), "--upstream", "straylight:11434"])
     assert settings.listen == str(tmp_path / "infer.sock")
     assert settings.upstream == Address("straylight", 11434)
-    assert settings.limits == Limits(max_conns=8, burst=10, rate=2.0)
+    assert settings.limits == ProxyLimits(max_conns=8, burst=10, rate=2.0)
 
 
 def test_flags_change_the_limits(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_flags_change_the_limits(tmp_path: Path) -> None:
             "0.5",
         ]
     )
-    assert settings.limits == Limits(max_conns=3, burst=50, rate=0.5)
+    assert settings.limits == ProxyLimits(max_conns=3, burst=50, rate=0.5)
 
 
 def test_an_ipv6_upstream_in_brackets_is_accepted(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ nothing about traffic. Stdlib only.
 """
 
 from adapters.proxy.bucket import TokenBucket
-from adapters.proxy.options import Address, Limits, Settings, UsageError, parse_args
+from adapters.proxy.options import Address, ProxyLimits, Settings, UsageError, parse_args
 from adapters.proxy.refusals import RefusalLines
 from adapters.proxy.server import Proxy
 from adapters.proxy.socket_file import (
@@ -22,9 +22,9 @@ from adapters.proxy.stderr_log import StderrLog
 __all__ = [
     "Address",
     "BoundSocket",
-    "Limits",
     "PathLock",
     "Proxy",
+    "ProxyLimits",
     "RefusalLines",
     "Settings",
     "SocketFileError",

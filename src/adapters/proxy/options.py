@@ -31,7 +31,7 @@ class Address:
 
 
 @dataclass(frozen=True)
-class Limits:
+class ProxyLimits:
     max_conns: int = 8
     burst: int = 10
     rate: float = 2.0
@@ -44,7 +44,7 @@ class Limits:
 class Settings:
     listen: str
     upstream: Address
-    limits: Limits
+    limits: ProxyLimits
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    defaults = Limits()
+    defaults = ProxyLimits()
     parser = _Parser(
         prog="inferproxy",
         allow_abbrev=False,
@@ -87,7 +87,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
     return Settings(
         listen=check_socket_path(args.listen),
         upstream=parse_upstream(args.upstream),
-        limits=Limits(
+        limits=ProxyLimits(
             max_conns=_whole(args.max_conns, "--max-conns"),
             burst=_whole(args.burst, "--burst"),
             rate=_rate(args.rate),

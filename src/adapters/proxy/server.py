@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from adapters.proxy.bucket import TokenBucket
 from adapters.proxy.connection import Connection
-from adapters.proxy.options import Address, Limits
+from adapters.proxy.options import Address, ProxyLimits
 from adapters.proxy.pump import Mover, default_mover
 from adapters.proxy.refusals import RefusalLines
 from adapters.proxy.socket_file import BoundSocket, remove_socket_file
@@ -49,7 +49,7 @@ class Proxy:
         self,
         bound: BoundSocket,
         upstream: Address,
-        limits: Limits | None = None,
+        limits: ProxyLimits | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         log: Log | None = None,
@@ -58,7 +58,7 @@ class Proxy:
     ) -> None:
         self._bound = bound
         self._upstream = upstream
-        self._limits = limits if limits is not None else Limits()
+        self._limits = limits if limits is not None else ProxyLimits()
         self._bucket = TokenBucket(self._limits.burst, self._limits.rate, clock)
         self._refusals = RefusalLines(clock)
         self._log: Log = log if log is not None else StderrLog()

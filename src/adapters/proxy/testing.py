@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Self
 
-from adapters.proxy.options import Address, Limits
+from adapters.proxy.options import Address, ProxyLimits
 from adapters.proxy.pump import Mover
 from adapters.proxy.server import Proxy
 from adapters.proxy.socket_file import bind_socket_file
@@ -235,7 +235,7 @@ class RunningProxy:
 def running_proxy(
     path: str,
     upstream: Address,
-    limits: Limits | None = None,
+    limits: ProxyLimits | None = None,
     *,
     clock: Callable[[], float] | None = None,
     connect_timeout: float = 2.0,
