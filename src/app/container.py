@@ -11,7 +11,7 @@ import random
 from dependency_injector import containers, providers
 
 from adapters.system import SystemClock
-from adapters.uds_http.slot_probe import UdsSlotProbe
+from adapters.uds_http.slot_probe import HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from app.client import Client
 from app.config import Config
@@ -83,7 +83,7 @@ class Container(containers.DeclarativeContainer):
         header_bytes=config.provided.limits.header_bytes,
     )
     probe = providers.ThreadSafeSingleton(
-        UdsSlotProbe,
+        HttpSlotProbe,
         transport=transport,
         timeout=providers.Callable(probe_timeout, config),
         body_bytes=config.provided.limits.body_bytes,

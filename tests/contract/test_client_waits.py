@@ -32,7 +32,7 @@ from adapters.fake_server import (
     sse_event,
     sse_reply,
 )
-from adapters.uds_http import UdsSlotProbe, UdsTransport
+from adapters.uds_http import HttpSlotProbe, UdsTransport
 from client_support import (
     ANSWER,
     ANSWER_COMPLETION,
@@ -125,7 +125,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tm
     if how == "refused":
         refusing, path = _refusing_socket(str(tmp_path))
         transport = UdsTransport(path, header_bytes=16384)
-        overrides["probe"] = UdsSlotProbe(transport, timeout=0.1, body_bytes=4 * 1024 * 1024)
+        overrides["probe"] = HttpSlotProbe(transport, timeout=0.1, body_bytes=4 * 1024 * 1024)
     elif how == "503 loading":
         server.route(*SLOTS, loading())
     else:

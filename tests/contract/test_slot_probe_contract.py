@@ -31,7 +31,7 @@ from adapters.fake_server import (
     silence,
     slots_reply,
 )
-from adapters.uds_http.slot_probe import UdsSlotProbe
+from adapters.uds_http.slot_probe import HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from ports import SlotProbe, SlotState
 
@@ -85,12 +85,12 @@ def _harness(kind: str) -> Iterator[ProbeHarness]:
     elif kind == "memory":
         clock = FakeClock()
         scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
-        probe = UdsSlotProbe(scripted, timeout=TIMEOUT_S, body_bytes=BODY_BYTES, clock=clock)
+        probe = HttpSlotProbe(scripted, timeout=TIMEOUT_S, body_bytes=BODY_BYTES, clock=clock)
         yield ProbeHarness(kind, probe, routes=scripted, clock=clock)
     else:
         with FakeServer() as server:
             transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
-            probe = UdsSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
+            probe = HttpSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
             yield ProbeHarness(kind, probe, routes=server)
 
 
@@ -145,7 +145,7 @@ def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path:
         probe = real_probe.probe
     else:
         transport = UdsTransport(str(tmp_path / "missing.sock"), header_bytes=HEADER_BYTES)
-        probe = UdsSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
+        probe = HttpSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
     assert probe.state(0) is UNAVAILABLE
 
 

@@ -22,7 +22,7 @@ import pytest
 from dependency_injector import providers
 
 from adapters.system import SystemClock
-from adapters.uds_http.slot_probe import UdsSlotProbe
+from adapters.uds_http.slot_probe import HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from app.client import Client
 from app.config import Config, parse_config
@@ -40,7 +40,7 @@ BUILT_CLASSES: dict[str, type] = {
     "clock": SystemClock,
     "rng": random.Random,
     "transport": UdsTransport,
-    "probe": UdsSlotProbe,
+    "probe": HttpSlotProbe,
     "gate": SlotGate,
     "client": Client,
 }
