@@ -23,8 +23,9 @@ log = logging.getLogger("inferpath.probe")
 
 
 class HttpSlotProbe:
-    """Works over any `Transport` (a Unix socket in production, a script in tests). `model`, when given, is sent as `?model=`: a llama-server router routes GETs by it (and
-    loads that model if it was unloaded); a single-model server ignores it."""
+    """Works over any `Transport` (a Unix socket in production, a script in tests). `model`,
+    when given, is sent as `?model=`: a llama-server router routes GETs by it (and loads that
+    model if it was unloaded); a single-model server ignores it."""
 
     __slots__ = ("_body_bytes", "_clock", "_path", "_timeout", "_transport")
 
