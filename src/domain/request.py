@@ -93,10 +93,6 @@ class RequestSettings:
     seed: int | None = None
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _text(value: object, where: str, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None

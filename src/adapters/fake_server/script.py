@@ -81,15 +81,6 @@ class Reply:
             extra.append(("Connection", "close"))
         return (*self.headers, *extra)
 
-    def content_length(self) -> int | None:
-        """The body length the head promises, if the body is not chunked."""
-        if self.chunked:
-            return None
-        for name, value in self.wire_headers():
-            if name.lower() == "content-length":
-                return int(value.split(",")[0].strip())
-        return None  # pragma: no cover - wire_headers always adds one
-
     def wire_head(self) -> bytes:
         reason = self.reason or _reason_phrase(self.status)
         lines = [f"HTTP/1.1 {self.status} {reason}"]
