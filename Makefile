@@ -17,6 +17,7 @@ venv: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench scripts
+	$(VENV)/bin/ruff format --check src tests bench scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict src

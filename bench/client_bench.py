@@ -97,8 +97,13 @@ def synthetic_stream(events: int = 604) -> Stream:
             "predicted_per_second": 136.15445361217766,
         }
 
-    def event(delta: Mapping[str, object], *, finish: str | None = None, n: int | None = None,
-              progress: dict[str, int] | None = None) -> bytes:
+    def event(
+        delta: Mapping[str, object],
+        *,
+        finish: str | None = None,
+        n: int | None = None,
+        progress: dict[str, int] | None = None,
+    ) -> bytes:
         chunk: dict[str, object] = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], **base}
         if n is not None:
             chunk["timings"] = timings(n)
@@ -137,12 +142,14 @@ def synthetic_stream(events: int = 604) -> Stream:
 
 
 def client_stack(socket_path: str) -> Callable[[], Message]:
-    config = parse_config({
-        "socket": socket_path,
-        "model": MODEL,
-        "limits": {"poll_ms": int(TIMEOUT_S * 1000), "thinking_cap": 1 << 20},
-        "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
-    })
+    config = parse_config(
+        {
+            "socket": socket_path,
+            "model": MODEL,
+            "limits": {"poll_ms": int(TIMEOUT_S * 1000), "thinking_cap": 1 << 20},
+            "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
+        }
+    )
     client = Container(config=config).client()
     sink: list[ChatEvent] = []
 
@@ -170,10 +177,18 @@ def openai_stack(socket_path: str) -> Callable[[], Message]:
 
     http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=TIMEOUT_S)
     client = openai.OpenAI(base_url="http://localhost/v1", api_key="none", http_client=http, max_retries=0)
-    messages: list[Any] = [{"role": "system", "content": REQUEST.messages[0].content},
-                           {"role": "user", "content": REQUEST.messages[1].content}]
-    extra_body = {"id_slot": 0, "cache_prompt": True, "return_progress": True, "timings_per_token": True,
-                  "reasoning_control": True, "chat_template_kwargs": {"enable_thinking": True}}
+    messages: list[Any] = [
+        {"role": "system", "content": REQUEST.messages[0].content},
+        {"role": "user", "content": REQUEST.messages[1].content},
+    ]
+    extra_body = {
+        "id_slot": 0,
+        "cache_prompt": True,
+        "return_progress": True,
+        "timings_per_token": True,
+        "reasoning_control": True,
+        "chat_template_kwargs": {"enable_thinking": True},
+    }
 
     def read_stream() -> Message:
         content: list[str] = []
@@ -293,10 +308,12 @@ def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
     ratio = by_name["client"].cpu_us_per_event / by_name["openai"].cpu_us_per_event
     verdict = "met" if ratio <= GOAL else "MISSED"
     out.append((f"{tag}: CPU per chunk, client / openai-python (goal <= {GOAL})", f"{ratio:.3f}x ({verdict})"))
-    out.append((
-        f"{tag}: CPU per chunk, client / bare httpx + httpx-sse",
-        f"{by_name['client'].cpu_us_per_event / by_name['httpx'].cpu_us_per_event:.2f}x",
-    ))
+    out.append(
+        (
+            f"{tag}: CPU per chunk, client / bare httpx + httpx-sse",
+            f"{by_name['client'].cpu_us_per_event / by_name['httpx'].cpu_us_per_event:.2f}x",
+        )
+    )
     return out
 
 

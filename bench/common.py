@@ -33,8 +33,9 @@ T = TypeVar("T")
 
 
 @contextmanager
-def process(argv: list[str], *, ready: Callable[[subprocess.Popen[str]], None],
-            capture_stderr: bool = True) -> Iterator[subprocess.Popen[str]]:
+def process(
+    argv: list[str], *, ready: Callable[[subprocess.Popen[str]], None], capture_stderr: bool = True
+) -> Iterator[subprocess.Popen[str]]:
     """Run `argv` with `src/` importable; `ready` blocks until it serves (or raises). Always
     terminated on the way out, killed if it has not exited 5 s later, its pipes closed.
     `capture_stderr=False` leaves stderr on the console, for a child that may write more of it
@@ -97,8 +98,17 @@ def fake_server(raw: bytes, *, prefix: str) -> Iterator[str]:
             handle.write(raw)
         socket_path = os.path.join(folder, "llama.sock")
         # One piece per 64 KiB: the benchmarks measure the reader, not the server's pacing.
-        command = [sys.executable, "-m", "adapters.fake_server", "--socket", socket_path,
-                   "--transcript", raw_path, "--piece-bytes", "65536"]
+        command = [
+            sys.executable,
+            "-m",
+            "adapters.fake_server",
+            "--socket",
+            socket_path,
+            "--transcript",
+            raw_path,
+            "--piece-bytes",
+            "65536",
+        ]
 
         def ready(proc: subprocess.Popen[str]) -> None:
             assert proc.stdout is not None

@@ -74,9 +74,13 @@ def synthetic_stream(events: int = 604) -> Stream:
         }
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    payloads = [b"data: " + orjson.dumps({"choices": [{"finish_reason": None, "index": 0,
-                                                        "delta": {"role": "assistant", "content": None}}],
-                                          **base}) + b"\n\n"]
+    payloads = [
+        b"data: "
+        + orjson.dumps(
+            {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}], **base}
+        )
+        + b"\n\n"
+    ]
     payloads += [chunk({"content": f" word{n}"}, n) for n in range(1, events - 1)]
     payloads.append(chunk({}, events - 1, "stop"))
     payloads.append(b"data: [DONE]\n\n")
@@ -167,14 +171,18 @@ def rows(stream: Stream, results: list[StackResult]) -> list[tuple[str, str]]:
         label = "ours (UdsTransport + SseDecoder + orjson)" if r.name == "ours" else "httpx + httpx-sse + json"
         out.append((f"decode: {label} events/s", f"{r.events_per_s:,.0f}"))
         out.append((f"decode: {label} CPU per event", f"{r.cpu_us_per_event:.2f} µs"))
-    out.append((
-        "decode: events/s, ours / httpx+httpx-sse (goal >= 1.5)",
-        f"{ours_result.events_per_s / httpx_result.events_per_s:.2f}x",
-    ))
-    out.append((
-        "decode: CPU per event, httpx+httpx-sse / ours",
-        f"{httpx_result.cpu_us_per_event / ours_result.cpu_us_per_event:.2f}x",
-    ))
+    out.append(
+        (
+            "decode: events/s, ours / httpx+httpx-sse (goal >= 1.5)",
+            f"{ours_result.events_per_s / httpx_result.events_per_s:.2f}x",
+        )
+    )
+    out.append(
+        (
+            "decode: CPU per event, httpx+httpx-sse / ours",
+            f"{httpx_result.cpu_us_per_event / ours_result.cpu_us_per_event:.2f}x",
+        )
+    )
     return out
 
 

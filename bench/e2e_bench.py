@@ -25,8 +25,9 @@ from app.container import Container  # noqa: E402
 from domain.events import ChatEvent, Content, Reasoning  # noqa: E402
 from domain.messages import ChatRequest, SystemMessage, UserMessage  # noqa: E402
 
-REQUEST = ChatRequest(slot=0, messages=[SystemMessage("You are a helpful assistant."),
-                                        UserMessage("Name three colours of the rainbow.")])
+REQUEST = ChatRequest(
+    slot=0, messages=[SystemMessage("You are a helpful assistant."), UserMessage("Name three colours of the rainbow.")]
+)
 
 
 def direct(server: llama.LlamaServer, body: bytes) -> tuple[float, float]:
@@ -63,10 +64,15 @@ def through_proxy(client: Client) -> tuple[float, float]:
 def run(quick: bool = False) -> list[tuple[str, str]]:
     rounds = 3 if quick else 8
     with llama.start_server("tools") as server, ProxyProcess(f"{server.host}:{server.port}") as proxy:
-        config = parse_config({"socket": proxy.socket_path, "model": llama.ALIAS, "limits": {"max_tokens": 48},
-                               "sampling": {"temperature": 0.0, "seed": 42},
-                               "expect": {"chat_template_sha256": "0" * 64, "n_ctx": llama.SLOT_CONTEXT,
-                                          "total_slots": llama.SLOTS}})
+        config = parse_config(
+            {
+                "socket": proxy.socket_path,
+                "model": llama.ALIAS,
+                "limits": {"max_tokens": 48},
+                "sampling": {"temperature": 0.0, "seed": 42},
+                "expect": {"chat_template_sha256": "0" * 64, "n_ctx": llama.SLOT_CONTEXT, "total_slots": llama.SLOTS},
+            }
+        )
         client = Container(config=config).client()
         body = client.render(REQUEST)
         direct(server, body)  # warm the prompt cache for both paths alike

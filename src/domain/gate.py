@@ -15,12 +15,19 @@ Invariants (all under one lock; slots are independent):
   interrupted), the waiter leaves the queue, or releases the slot if it was handed over
   meanwhile, and the exception propagates: no waiter and no slot is ever leaked.
 - The holder releases on every way out of the `with` block.
+- A waiter that cannot block a thread (an asyncio task) is woken instead: `watch(ticket, wake)`
+  makes every change of its slot (a release, a waiter leaving) call `wake()` under the lock, and
+  the waiter then asks `poll(ticket)`. `wake` must only signal (`loop.call_soon_threadsafe`),
+  never block or call back into the gate; what it raises is ignored. Clearing its own signal
+  before each `poll` is what keeps a wake-up from being lost. Such waiters share one queue and
+  one order with the blocking ones, so threads and tasks never hold one slot at once.
 
 No thread is started here; callers bring their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -36,15 +43,36 @@ class _Slot:
 
     def __init__(self, lock: threading.Lock) -> None:
         self.cond = threading.Condition(lock)
-        self.holder: object | None = None
-        self.waiters: deque[object] = deque()
+        self.holder: Ticket | None = None
+        self.waiters: deque[Ticket] = deque()
 
-    def ahead_of(self, ticket: object) -> int:
+    def ahead_of(self, ticket: Ticket) -> int:
         return self.waiters.index(ticket) + 1
+
+    def moved(self, ticket: Ticket) -> int | None:
+        """The ticket's new place if it got the slot (0) or moved up, else None."""
+        if self.holder is ticket:
+            return 0
+        ahead = self.ahead_of(ticket)
+        return ahead if ahead < ticket.ahead else None
 
     def release(self) -> None:
         self.holder = self.waiters.popleft() if self.waiters else None
+        self.changed()
+
+    def changed(self) -> None:
         self.cond.notify_all()
+        holder = self.holder
+        if holder is not None and holder.wake is not None:
+            _signal(holder.wake)
+        for ticket in self.waiters:
+            if ticket.wake is not None:
+                _signal(ticket.wake)
+
+
+def _signal(wake: Callable[[], None]) -> None:
+    with contextlib.suppress(Exception):
+        wake()
 
 
 class SlotGate:
@@ -110,26 +138,42 @@ class SlotGate:
         forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
         try:
             with self._lock:
-                while state.holder is not ticket and state.ahead_of(ticket) >= ticket.ahead:
+                while (ahead := state.moved(ticket)) is None:
                     if cancel is not None and cancel.cancelled:
                         raise cancel.error()
                     state.cond.wait()
-                ticket.ahead = 0 if state.holder is ticket else state.ahead_of(ticket)
-                return ticket.ahead
+                ticket.ahead = ahead
+                return ahead
         finally:
             if forget is not None:
                 forget()
+
+    def poll(self, ticket: Ticket) -> int | None:
+        """Without blocking: 0 if the ticket now holds its slot, its new `ahead` if it moved up
+        the queue, None if nothing changed for it (see `watch`)."""
+        with self._lock:
+            ahead = ticket.state.moved(ticket)
+            if ahead is not None:
+                ticket.ahead = ahead
+            return ahead
+
+    def watch(self, ticket: Ticket, wake: Callable[[], None] | None) -> None:
+        """Call `wake()` (under the gate's lock) on every change of the ticket's slot until the
+        ticket leaves or `watch(ticket, None)`; see the module for what `wake` may do."""
+        with self._lock:
+            ticket.wake = wake
 
     def leave(self, ticket: Ticket) -> None:
         """Give the place back: release the slot if held (handing it to the next waiter), else
         leave the queue. Idempotent."""
         state = ticket.state
         with self._lock:
+            ticket.wake = None
             if state.holder is ticket:
                 state.release()
             elif ticket in state.waiters:
                 state.waiters.remove(ticket)
-                state.cond.notify_all()
+                state.changed()
 
     def _wake(self, state: _Slot) -> None:
         with self._lock:
@@ -140,8 +184,9 @@ class Ticket:
     """A caller's place at the gate: `ahead` is how many requests are before it (0: it holds
     the slot)."""
 
-    __slots__ = ("ahead", "state")
+    __slots__ = ("ahead", "state", "wake")
 
     def __init__(self, state: _Slot) -> None:
         self.state = state
         self.ahead = 0
+        self.wake: Callable[[], None] | None = None

@@ -159,8 +159,7 @@ class SseDecoder:
             self._lines(lines, out, len(data) > self._max_line)
             if len(self._tail) > self._max_line and not self._done:
                 raise ProtocolError(
-                    f"SSE line over {self._max_line} bytes (still unterminated at "
-                    f"{len(self._tail)} bytes)"
+                    f"SSE line over {self._max_line} bytes (still unterminated at {len(self._tail)} bytes)"
                 )
         except (ProtocolError, HttpError) as exc:
             self._failure = exc

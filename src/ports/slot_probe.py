@@ -23,3 +23,11 @@ class SlotProbe(Protocol):
     answer is then `UNAVAILABLE`, and the caller sees the cancellation)."""
 
     def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState: ...
+
+
+@runtime_checkable
+class AsyncSlotProbe(Protocol):
+    """`SlotProbe` for asyncio: the same answers, awaited; cancelling the awaiting task closes
+    the probe's connection and raises `asyncio.CancelledError`."""
+
+    async def state(self, slot: int) -> SlotState: ...

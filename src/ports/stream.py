@@ -36,3 +36,16 @@ class ByteStream(Protocol):
     def shutdown(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncByteStream(Protocol):
+    """`ByteStream` for asyncio: `send_all` and `recv` are awaited and meet the same contract;
+    `close()` closes at once (the peer sees it). There is no `shutdown`: cancelling the task
+    blocked in `recv` ends the wait."""
+
+    async def send_all(self, data: bytes, timeout: float) -> None: ...
+
+    async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut: ...
+
+    def close(self) -> None: ...

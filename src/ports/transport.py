@@ -33,6 +33,12 @@ script, see `ports.stream`):
   `read`: it shuts the connection down so that call returns at once (raising
   `StreamClosedEarly`); it never raises, and the owner still calls `close()`.
 - No `OSError` escapes: every socket failure is mapped to a `domain.errors.InferError`.
+
+`AsyncTransport` and `AsyncExchange` are the same contract for asyncio: `open`, `head` and `read`
+are awaited, `close()` is not (it closes the socket at once, so it is safe in a `finally` of a
+cancelled task). There is no `abort()` and no `cancel` signal: cancelling the task that awaits
+ends the wait (`asyncio.CancelledError`), and its owner's `close()` then closes the connection.
+Nothing blocks the event loop.
 """
 
 from __future__ import annotations
@@ -103,3 +109,27 @@ class Transport(Protocol):
         timeout: float,
         cancel: CancelSignal | None = None,
     ) -> Exchange: ...
+
+
+@runtime_checkable
+class AsyncExchange(Protocol):
+    @property
+    def what(self) -> str: ...
+
+    async def head(self, timeout: float) -> ResponseHead | TimedOut: ...
+
+    async def read(self, timeout: float) -> bytes | TimedOut: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncTransport(Protocol):
+    async def open(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout: float,
+    ) -> AsyncExchange: ...

@@ -174,8 +174,10 @@ def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: FakeSe
 
 
 def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer) -> None:
-    server.route(*CHAT, sse_reply([chunk({"reasoning_content": f" t{n}"}, n=n) for n in range(1, 12)],
-                                  done=False, end=End.SILENCE))
+    server.route(
+        *CHAT,
+        sse_reply([chunk({"reasoning_content": f" t{n}"}, n=n) for n in range(1, 12)], done=False, end=End.SILENCE),
+    )
     posted = threading.Event()
 
     def control(request: RecordedRequest) -> Script:

@@ -20,24 +20,38 @@ REQ = ChatRequest(slot=0, messages=[UserMessage("Hi")])
 
 
 def chunk(delta: dict[str, object], finish: str | None = None, n: int = 1) -> dict[str, object]:
-    return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], "id": CID,
-            "object": "chat.completion.chunk", "timings": {"cache_n": 0, "prompt_n": 3, "predicted_n": n}}
+    return {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "id": CID,
+        "object": "chat.completion.chunk",
+        "timings": {"cache_n": 0, "prompt_n": 3, "predicted_n": n},
+    }
 
 
 def client_for(server: FakeServer) -> Client:
-    config = parse_config({
-        "socket": server.socket_path,
-        "limits": {"poll_ms": 100, "liveness_ms": 100, "idle_grace_ms": 150, "busy_wait_ms": 150,
-                   "load_wait_ms": 150},
-        "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
-    })
+    config = parse_config(
+        {
+            "socket": server.socket_path,
+            "limits": {
+                "poll_ms": 100,
+                "liveness_ms": 100,
+                "idle_grace_ms": 150,
+                "busy_wait_ms": 150,
+                "load_wait_ms": 150,
+            },
+            "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
+        }
+    )
     client: Client = Container(config=config).client()
     return client
 
 
 def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_limit(server: FakeServer) -> None:
-    server.route("POST", "/v1/chat/completions", sse_reply(
-        [chunk({"content": "Hello"}), chunk({}, finish="stop", n=1)], done=False, end=End.SILENCE))
+    server.route(
+        "POST",
+        "/v1/chat/completions",
+        sse_reply([chunk({"content": "Hello"}), chunk({}, finish="stop", n=1)], done=False, end=End.SILENCE),
+    )
     events: list[ChatEvent] = []
     completion = client_for(server).chat(REQ, events.append)
     assert events == [Content("Hello")]
@@ -45,8 +59,7 @@ def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_li
 
 
 def test_silence_before_the_final_chunk_is_still_stalled(server: FakeServer) -> None:
-    server.route("POST", "/v1/chat/completions", sse_reply(
-        [chunk({"content": "Hel"})], done=False, end=End.SILENCE))
+    server.route("POST", "/v1/chat/completions", sse_reply([chunk({"content": "Hel"})], done=False, end=End.SILENCE))
     events: list[ChatEvent] = []
     with pytest.raises(Stalled):
         client_for(server).chat(REQ, events.append)

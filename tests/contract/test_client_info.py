@@ -160,8 +160,9 @@ def test_tokenize_keeps_the_exact_bytes_of_pieces_that_split_a_character() -> No
     assert b"".join(t.data for t in tokens) == text.encode()
     split = [t for t, raw in zip(tokens, answer, strict=True) if isinstance(raw["piece"], list)]
     assert split, "the recorded text has characters split between tokens"
-    assert all(t.data == bytes(raw["piece"]) for t, raw in zip(tokens, answer, strict=True)
-               if isinstance(raw["piece"], list))
+    assert all(
+        t.data == bytes(raw["piece"]) for t, raw in zip(tokens, answer, strict=True) if isinstance(raw["piece"], list)
+    )
     assert tokens[0] == Token(19556, "Hello", b"Hello")
 
 
@@ -229,8 +230,11 @@ def test_a_body_cut_short_is_stream_closed_early(server: FakeServer, call: tuple
     [
         ("/props", b"<html>not json</html>", "/props: answer is not valid JSON"),
         ("/props", b'{"total_slots": 2}', r"/props\.chat_template is missing, not a string"),
-        ("/props", b'{"chat_template": "x", "total_slots": "2", "default_generation_settings": {"n_ctx": 1}}',
-         r"/props\.total_slots is '2', not a positive integer"),
+        (
+            "/props",
+            b'{"chat_template": "x", "total_slots": "2", "default_generation_settings": {"n_ctx": 1}}',
+            r"/props\.total_slots is '2', not a positive integer",
+        ),
         ("/slots", b'{"slots": []}', r"/slots is \{'slots': \[\]\}, not a list"),
         ("/slots", b'[{"id": "0", "is_processing": false}]', r"/slots\[0\]\.id is '0', not a non-negative integer"),
         ("/slots", b'[{"id": 0}]', r"/slots\[0\]\.is_processing is None, not a boolean"),
@@ -239,14 +243,26 @@ def test_a_body_cut_short_is_stream_closed_early(server: FakeServer, call: tuple
         ("/tokenize", b'{"tokens": [{"id": 1, "piece": [300]}]}', r"tokens\[0\]\.piece is \[300\], neither text nor"),
         # One parser, one set of rules, whatever the endpoint: nesting, surrogates, exact types.
         ("/props", b"[" * 100_000 + b"]" * 100_000, "/props: answer is not valid JSON"),
-        ("/props", b'{"chat_template": "\\ud800", "total_slots": 1, "default_generation_settings": {"n_ctx": 1}}',
-         "/props: answer is not valid JSON"),
-        ("/props", b'{"chat_template": "x", "total_slots": true, "default_generation_settings": {"n_ctx": 1}}',
-         r"/props\.total_slots is True, not a positive integer"),
-        ("/props", b'{"chat_template": "x", "total_slots": 1, "default_generation_settings": {"n_ctx": 1.0}}',
-         r"/props\.default_generation_settings\.n_ctx is 1\.0, not a positive integer"),
-        ("/props", b'{"chat_template": "x", "total_slots": 1}',
-         r"/props\.default_generation_settings is None, not an object"),
+        (
+            "/props",
+            b'{"chat_template": "\\ud800", "total_slots": 1, "default_generation_settings": {"n_ctx": 1}}',
+            "/props: answer is not valid JSON",
+        ),
+        (
+            "/props",
+            b'{"chat_template": "x", "total_slots": true, "default_generation_settings": {"n_ctx": 1}}',
+            r"/props\.total_slots is True, not a positive integer",
+        ),
+        (
+            "/props",
+            b'{"chat_template": "x", "total_slots": 1, "default_generation_settings": {"n_ctx": 1.0}}',
+            r"/props\.default_generation_settings\.n_ctx is 1\.0, not a positive integer",
+        ),
+        (
+            "/props",
+            b'{"chat_template": "x", "total_slots": 1}',
+            r"/props\.default_generation_settings is None, not an object",
+        ),
         ("/slots", b"[" * 100_000 + b"]" * 100_000, "/slots: answer is not valid JSON"),
         ("/slots", b'[{"id": true, "is_processing": false}]', r"/slots\[0\]\.id is True"),
         ("/slots", b'[{"id": 0, "is_processing": 0}]', r"/slots\[0\]\.is_processing is 0, not a boolean"),

@@ -297,10 +297,27 @@ def test_the_request_carries_what_the_brief_lists(server: FakeServer) -> None:
     assert request.header("content-type") == "application/json"
     assert request.header("connection") == "close"
     body = request.json()
-    assert {k: body[k] for k in ("model", "id_slot", "cache_prompt", "stream", "return_progress",
-                                 "timings_per_token", "reasoning_control", "max_tokens")} == {
-        "model": "default", "id_slot": 1, "cache_prompt": True, "stream": True, "return_progress": True,
-        "timings_per_token": True, "reasoning_control": True, "max_tokens": 8192,
+    assert {
+        k: body[k]
+        for k in (
+            "model",
+            "id_slot",
+            "cache_prompt",
+            "stream",
+            "return_progress",
+            "timings_per_token",
+            "reasoning_control",
+            "max_tokens",
+        )
+    } == {
+        "model": "default",
+        "id_slot": 1,
+        "cache_prompt": True,
+        "stream": True,
+        "return_progress": True,
+        "timings_per_token": True,
+        "reasoning_control": True,
+        "max_tokens": 8192,
     }
     assert body["chat_template_kwargs"] == {"enable_thinking": True}
     assert body["messages"] == [{"role": "user", "content": "What is the capital of France?"}]
@@ -351,8 +368,12 @@ def control_route(server: FakeServer, events: list[ChatEvent], answer: Script) -
 
 def test_runaway_thinking_is_capped_once_with_the_stream_id_and_completes(server: FakeServer) -> None:
     # Cap 8, overrun 4: two more reasoning tokens after reasoning_end, then the answer.
-    stream = [chunk(ROLE, n=0, progress=(42, 0, 42)), *reasoning(1, 10), chunk({"content": "Done."}, n=11),
-              chunk(finish="stop", n=11)]
+    stream = [
+        chunk(ROLE, n=0, progress=(42, 0, 42)),
+        *reasoning(1, 10),
+        chunk({"content": "Done."}, n=11),
+        chunk(finish="stop", n=11),
+    ]
     server.route(*CHAT, sse_reply(stream))
     events: list[ChatEvent] = []
     seen = control_route(server, events, json_reply({"success": True}))
@@ -390,8 +411,11 @@ def test_reasoning_past_the_overrun_is_thinking_overrun_and_the_connection_is_cl
     with pytest.raises(ThinkingOverrun, match="reasoning went on to 13 tokens after reasoning_end was posted at 8"):
         client_for(server, thinking_cap=8, thinking_overrun=4).chat_with_retry(REQ, events.append)
 
-    assert events == [*(Reasoning(f" t{n}") for n in range(1, 9)), ThinkingCapped(8),
-                      *(Reasoning(f" t{n}") for n in range(9, 14))]
+    assert events == [
+        *(Reasoning(f" t{n}") for n in range(1, 9)),
+        ThinkingCapped(8),
+        *(Reasoning(f" t{n}") for n in range(9, 14)),
+    ]
     (stream,) = recorded(server, CHAT)
     assert stream.client_closed.wait(2.0), "closing the connection is what cancels the generation"
     assert len(recorded(server, CONTROL)) == 1
@@ -567,8 +591,19 @@ def test_a_request_that_fails_releases_the_gate_for_the_next(server: FakeServer)
 CALL_ID = "Xq3CwQp1Hc7oZ9vY2mLr8TnB5sKe4Ufa"
 TOOL_STREAM = [
     chunk(ROLE, n=0, progress=(180, 0, 180)),
-    chunk({"tool_calls": [{"index": 0, "id": CALL_ID, "type": "function",
-                           "function": {"name": "get_time", "arguments": '{"city":'}}]}, n=9),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": CALL_ID,
+                    "type": "function",
+                    "function": {"name": "get_time", "arguments": '{"city":'},
+                }
+            ]
+        },
+        n=9,
+    ),
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Paris"'}}]}, n=11),
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, n=12),
     chunk(finish="tool_calls", n=13),
@@ -611,13 +646,15 @@ def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRe
     """The client configured as the recorder's request was, and the request from `inputs.json`."""
     inputs = case.inputs
     assert inputs is not None
-    config = parse_config({
-        "socket": socket_path,
-        "model": inputs["model"],
-        "limits": {"max_tokens": inputs["max_tokens"], "liveness_ms": 200, **limits},
-        "sampling": inputs["sampling"],
-        "expect": EXPECT,
-    })
+    config = parse_config(
+        {
+            "socket": socket_path,
+            "model": inputs["model"],
+            "limits": {"max_tokens": inputs["max_tokens"], "liveness_ms": 200, **limits},
+            "sampling": inputs["sampling"],
+            "expect": EXPECT,
+        }
+    )
     req, _ = request_from(inputs)
     client: Client = Container(config=config).client()
     return client, req
@@ -629,10 +666,18 @@ def _expected_completion(case: Case) -> Completion:
     choice = case.nonstream["choices"][0]
     message = choice["message"]
     chunks = case.events()
-    streamed_ids = [call["id"] for c in chunks for d in [c["choices"][0]["delta"] if c.get("choices") else {}]
-                    for call in d.get("tool_calls") or [] if call.get("id")]
-    reasoning_n = [c["timings"]["predicted_n"] for c in chunks
-                   if c.get("choices") and c["choices"][0]["delta"].get("reasoning_content")]
+    streamed_ids = [
+        call["id"]
+        for c in chunks
+        for d in [c["choices"][0]["delta"] if c.get("choices") else {}]
+        for call in d.get("tool_calls") or []
+        if call.get("id")
+    ]
+    reasoning_n = [
+        c["timings"]["predicted_n"]
+        for c in chunks
+        if c.get("choices") and c["choices"][0]["delta"].get("reasoning_content")
+    ]
     timings = case.nonstream["timings"]
     return Completion(
         id=chunks[0]["id"],
@@ -673,8 +718,9 @@ def test_the_recorded_forced_end_to_reasoning_replays_with_the_same_control_call
         pytest.skip(MISSING)
     case = load_case("reasoning_end")
     mark = case.meta["control_at_predicted_n"]
-    with FakeServer({CHAT: raw_reply(case.response_raw),
-                     CONTROL: raw_reply(case.files["control_response.raw"])}) as server:
+    with FakeServer(
+        {CHAT: raw_reply(case.response_raw), CONTROL: raw_reply(case.files["control_response.raw"])}
+    ) as server:
         client, req = _replay(case, server.socket_path, thinking_cap=mark)
         events: list[ChatEvent] = []
         completion = client.chat(req, events.append)

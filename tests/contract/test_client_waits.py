@@ -53,6 +53,7 @@ from domain.events import ChatEvent, Content, Progress, Reasoning, Waiting
 
 pytestmark = pytest.mark.timeout(10)
 
+
 def answer_after_polls(server: FakeServer, polls: int, slots: Script, answer: Script) -> None:
     """`/slots` answers `slots`; the chat's answer starts only once the client polled `polls`
     times (its head leaves right after the last poll's answer, far from the next poll)."""

@@ -285,7 +285,7 @@ def test_scripts_refuse_negative_delays() -> None:
 
 RAW = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"f\r\ndata: {\"a\":1}\n\n\r\n3;ext\r\nxyz\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+    b'f\r\ndata: {"a":1}\n\n\r\n3;ext\r\nxyz\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n'
 )
 
 
@@ -314,8 +314,14 @@ def test_split_recorded_cuts_at_the_head_and_each_chunk() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    [b"", b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
-     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", RAW[:-3], RAW + b"trailing"],
+    [
+        b"",
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        RAW[:-3],
+        RAW + b"trailing",
+    ],
 )
 def test_split_recorded_always_adds_up_to_the_input(raw: bytes) -> None:
     assert b"".join(split_recorded(raw)) == raw
@@ -362,8 +368,15 @@ def test_the_command_line_serves_a_transcript_until_terminated(tmp_path: Path) -
 
 def test_the_command_line_refuses_a_missing_transcript(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = [sys.executable, "-m", "adapters.fake_server", "--socket", str(tmp_path / "s"),
-               "--transcript", str(tmp_path / "nothing.raw")]
+    command = [
+        sys.executable,
+        "-m",
+        "adapters.fake_server",
+        "--socket",
+        str(tmp_path / "s"),
+        "--transcript",
+        str(tmp_path / "nothing.raw"),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=20, check=False)
     assert run.returncode == 2
     assert "cannot read" in run.stderr

@@ -161,8 +161,10 @@ def test_a_recorded_whole_response_reads_back_exactly(name: str) -> None:
     assert head.headers == tuple((k.lower(), v) for k, v in case.response.headers)
 
 
-@pytest.mark.parametrize(("name", "expected"), [("slots", [SlotState.IDLE, SlotState.IDLE]),
-                                                ("slots_busy", [SlotState.BUSY, SlotState.IDLE])])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("slots", [SlotState.IDLE, SlotState.IDLE]), ("slots_busy", [SlotState.BUSY, SlotState.IDLE])],
+)
 def test_the_slot_probe_reads_the_recorded_slots(name: str, expected: list[SlotState]) -> None:
     case = load_case(name)
     with serve(case) as server:

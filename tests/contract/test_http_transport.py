@@ -142,12 +142,16 @@ def test_the_header_limit_is_configurable() -> None:
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nx", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nx", "Content-Length"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\nx", "Content-Length"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n1\r\nx\r\n0\r\n\r\n",
-         "both Transfer-Encoding and Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+            "both Transfer-Encoding and Content-Length",
+        ),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nx", "Transfer-Encoding"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "Transfer-Encoding"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-         "Transfer-Encoding"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            "Transfer-Encoding",
+        ),
         (b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 0\r\n\r\n", "malformed response head"),
         (b"HTTP/1.1 2\x0000 OK\r\nContent-Length: 0\r\n\r\n", "malformed response head"),
         (b"\x00\x00\x00\x00\r\n\r\n", "malformed response head"),
@@ -414,8 +418,23 @@ def test_a_socket_we_may_not_use_is_permission_denied() -> None:
 # -- fuzz: any bytes from the server end in data or one of two errors ----------------------------
 
 RESPONSE_ALPHABET = st.sampled_from(
-    [b"HTTP/1.1 200 OK\r\n", b"HTTP/1.0 404 x\r\n", b"Content-Length: 3\r\n", b"Transfer-Encoding: chunked\r\n",
-     b"\r\n", b"3\r\nabc\r\n", b"0\r\n\r\n", b"X: y\r\n", b":", b" ", b"\x00", b"\xff", b"a", b"1", b"\n"]
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.0 404 x\r\n",
+        b"Content-Length: 3\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"\r\n",
+        b"3\r\nabc\r\n",
+        b"0\r\n\r\n",
+        b"X: y\r\n",
+        b":",
+        b" ",
+        b"\x00",
+        b"\xff",
+        b"a",
+        b"1",
+        b"\n",
+    ]
 )
 
 

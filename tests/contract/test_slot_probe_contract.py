@@ -151,8 +151,11 @@ def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path:
 
 @pytest.mark.parametrize(
     "script",
-    [silence(), Reply(head_delay_s=0.5), Reply(headers=[("Content-Length", "50")], pieces=[Piece(0, b"[")],
-                                               end=End.SILENCE)],
+    [
+        silence(),
+        Reply(head_delay_s=0.5),
+        Reply(headers=[("Content-Length", "50")], pieces=[Piece(0, b"[")], end=End.SILENCE),
+    ],
     ids=["no head", "a late head", "a body that stops"],
 )
 def test_silence_is_unavailable_within_the_probes_own_timeout(real_probe: ProbeHarness, script: RouteItem) -> None:
@@ -182,9 +185,20 @@ def test_the_answer_follows_the_server_from_one_probe_to_the_next(real_probe: Pr
 
 
 def test_a_slot_with_full_llama_server_fields_is_read(real_probe: ProbeHarness) -> None:
-    real_probe.serve(json_reply([
-        {"id": 0, "id_task": 12, "n_ctx": 4096, "speculative": False, "is_processing": True,
-         "params": {"n_predict": -1, "samplers": ["top_k"]}, "next_token": {"has_next_token": True}},
-        {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False},
-    ]))
+    real_probe.serve(
+        json_reply(
+            [
+                {
+                    "id": 0,
+                    "id_task": 12,
+                    "n_ctx": 4096,
+                    "speculative": False,
+                    "is_processing": True,
+                    "params": {"n_predict": -1, "samplers": ["top_k"]},
+                    "next_token": {"has_next_token": True},
+                },
+                {"id": 1, "n_ctx": 4096, "speculative": False, "is_processing": False},
+            ]
+        )
+    )
     assert (real_probe.probe.state(0), real_probe.probe.state(1)) == (BUSY, IDLE)

@@ -114,7 +114,9 @@ def test_the_body_adds_up_to_the_script_and_ends_with_empty_bytes_for_ever(harne
     head = exchange.head(2.0)
     assert isinstance(head, ResponseHead)
     assert (head.status, head.header("Content-Type"), head.header("transfer-encoding")) == (
-        200, "text/event-stream", "chunked"
+        200,
+        "text/event-stream",
+        "chunked",
     )
     assert b"".join(read_body(exchange)) == b'data: {"n":0}\n\ndata: {"n":1}\n\ndata: [DONE]\n\n'
     assert exchange.read(0.05) == b""

@@ -36,7 +36,11 @@ class ProxyProcess:
     def start(self) -> ProxyProcess:
         argv = [*proxy_command(), "--listen", self.socket_path, "--upstream", self.upstream]
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.process = process
         assert process.stdout is not None

@@ -34,15 +34,23 @@ SAMPLING = {"temperature": 0.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "seed"
 QUESTION = [SystemMessage("You are a helpful assistant."), UserMessage("Name three colours of the rainbow.")]
 
 
-def make_client(socket_path: str, *, max_tokens: int = 48, limits: dict[str, Any] | None = None,
-                retry: dict[str, Any] | None = None, model: str = llama.ALIAS) -> Client:
-    config = parse_config({
-        "socket": socket_path,
-        "model": model,
-        "limits": {"max_tokens": max_tokens, "poll_ms": 200, **(limits or {})},
-        "retry": retry or {"attempts": 4, "delays_ms": [100, 200, 400], "jitter": 0.25, "total_ms": 60_000},
-        "sampling": SAMPLING,
-    })
+def make_client(
+    socket_path: str,
+    *,
+    max_tokens: int = 48,
+    limits: dict[str, Any] | None = None,
+    retry: dict[str, Any] | None = None,
+    model: str = llama.ALIAS,
+) -> Client:
+    config = parse_config(
+        {
+            "socket": socket_path,
+            "model": model,
+            "limits": {"max_tokens": max_tokens, "poll_ms": 200, **(limits or {})},
+            "retry": retry or {"attempts": 4, "delays_ms": [100, 200, 400], "jitter": 0.25, "total_ms": 60_000},
+            "sampling": SAMPLING,
+        }
+    )
     return Container(config=config).client()
 
 
@@ -141,8 +149,11 @@ def test_a_second_request_on_a_busy_slot_waits_and_then_completes(thinking_proxy
 
     def run_first() -> None:
         try:
-            first_result.append(first_client.chat(
-                ChatRequest(slot=0, messages=[UserMessage(llama.LONG_STORY_PROMPT)], thinking=True), first_events))
+            first_result.append(
+                first_client.chat(
+                    ChatRequest(slot=0, messages=[UserMessage(llama.LONG_STORY_PROMPT)], thinking=True), first_events
+                )
+            )
         except BaseException as exc:
             first_result.append(exc)
             started.set()
@@ -215,8 +226,15 @@ def test_proxy_forwards_a_real_streamed_answer_byte_exactly(tools_server: llama.
                 upstream_bytes.extend(piece)
                 conn.sendall(piece)
 
-    body = json.dumps({"model": llama.ALIAS, "messages": [{"role": "user", "content": "Say hello."}],
-                       "stream": True, "max_tokens": 24, **SAMPLING}).encode()
+    body = json.dumps(
+        {
+            "model": llama.ALIAS,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "stream": True,
+            "max_tokens": 24,
+            **SAMPLING,
+        }
+    ).encode()
     body_len = len(body)
     thread = threading.Thread(target=relay)
     thread.start()
@@ -225,8 +243,10 @@ def test_proxy_forwards_a_real_streamed_answer_byte_exactly(tools_server: llama.
             client_side = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             client_side.settimeout(120)
             client_side.connect(proxy.socket_path)
-            client_side.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (body_len, body))
+            client_side.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (body_len, body)
+            )
             received = bytearray()
             while True:
                 piece = client_side.recv(65536)

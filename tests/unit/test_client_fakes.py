@@ -74,13 +74,16 @@ class Rig:
 def rig_for() -> Iterator[Callable[..., Rig]]:
     """Build a client from config (the brief's defaults unless given) on the in-memory fakes."""
 
-    def build(routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None,
-              **sections: Any) -> Rig:
-        config = parse_config({
-            "socket": "/fake/llama.sock",
-            "expect": EXPECT,
-            **sections,
-        })
+    def build(
+        routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None, **sections: Any
+    ) -> Rig:
+        config = parse_config(
+            {
+                "socket": "/fake/llama.sock",
+                "expect": EXPECT,
+                **sections,
+            }
+        )
         clock = FakeClock()
         transport = ScriptedTransport(clock, routes, header_bytes=config.limits.header_bytes)
         probe = FakeSlotProbe({REQ.slot: slot})
@@ -329,8 +332,9 @@ def test_thinking_that_ends_before_the_cap_asks_nothing(rig_for: Callable[..., R
 
 
 def test_a_control_call_that_fails_to_connect_is_thinking_overrun(rig_for: Callable[..., Rig]) -> None:
-    rig = rig_for({CHAT: sse_reply(thinking(1, 5000)), CONTROL: json_reply({"success": True})},
-                  limits={"thinking_cap": 10})
+    rig = rig_for(
+        {CHAT: sse_reply(thinking(1, 5000)), CONTROL: json_reply({"success": True})}, limits={"thinking_cap": 10}
+    )
 
     def on_event(event: ChatEvent) -> None:
         rig.events.append(event)
@@ -378,12 +382,15 @@ def test_a_non_200_answer_keeps_at_most_error_body_bytes(rig_for: Callable[..., 
 
 def test_info_calls_return_typed_results(rig_for: Callable[..., Rig]) -> None:
     template = "{%- for message in messages %}{{ message.content }}{% endfor %}"
-    rig = rig_for({
-        ("GET", "/props"): json_reply({"chat_template": template, "total_slots": 2,
-                                       "default_generation_settings": {"n_ctx": 4096}}),
-        ("GET", "/slots"): json_reply([{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True}]),
-        ("POST", "/tokenize"): json_reply({"tokens": [{"id": 9707, "piece": "Hello"}]}),
-    })
+    rig = rig_for(
+        {
+            ("GET", "/props"): json_reply(
+                {"chat_template": template, "total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+            ),
+            ("GET", "/slots"): json_reply([{"id": 0, "is_processing": False}, {"id": 1, "is_processing": True}]),
+            ("POST", "/tokenize"): json_reply({"tokens": [{"id": 9707, "piece": "Hello"}]}),
+        }
+    )
 
     assert rig.client.props() == Props(template, sha256(template.encode()).hex(), 2, 4096)
     assert rig.client.slots() == [SlotInfo(0, False), SlotInfo(1, True)]

@@ -41,8 +41,17 @@ from domain.messages import (
 
 
 def test_every_error_variant_is_an_infer_error() -> None:
-    for cls in (Busy, ConnectError, WaitTimeout, LoadTimeout, Stalled, StreamClosedEarly, ThinkingOverrun,
-                HttpError, ProtocolError):
+    for cls in (
+        Busy,
+        ConnectError,
+        WaitTimeout,
+        LoadTimeout,
+        Stalled,
+        StreamClosedEarly,
+        ThinkingOverrun,
+        HttpError,
+        ProtocolError,
+    ):
         assert issubclass(cls, InferError)
     assert issubclass(InferError, Exception)
 
@@ -68,14 +77,26 @@ def test_busy_names_the_slot_and_queue() -> None:
 
 
 def test_events_are_frozen_with_the_briefs_field_names() -> None:
-    events = [Queued(ahead=2), Waiting(slot_busy=True), Progress(total=10, cache=2, processed=5),
-              Reasoning(text="r"), Content(text="c"), ToolCallDelta(index=0, id="a", name="f", arguments="{"),
-              ThinkingCapped(tokens=4096), Retrying(attempt=1, after_ms=2000, error="x")]
+    events = [
+        Queued(ahead=2),
+        Waiting(slot_busy=True),
+        Progress(total=10, cache=2, processed=5),
+        Reasoning(text="r"),
+        Content(text="c"),
+        ToolCallDelta(index=0, id="a", name="f", arguments="{"),
+        ThinkingCapped(tokens=4096),
+        Retrying(attempt=1, after_ms=2000, error="x"),
+    ]
     fields = {type(e).__name__: [f.name for f in dataclasses.fields(e)] for e in events}
     assert fields == {
-        "Queued": ["ahead"], "Waiting": ["slot_busy"], "Progress": ["total", "cache", "processed"],
-        "Reasoning": ["text"], "Content": ["text"], "ToolCallDelta": ["index", "id", "name", "arguments"],
-        "ThinkingCapped": ["tokens"], "Retrying": ["attempt", "after_ms", "error"],
+        "Queued": ["ahead"],
+        "Waiting": ["slot_busy"],
+        "Progress": ["total", "cache", "processed"],
+        "Reasoning": ["text"],
+        "Content": ["text"],
+        "ToolCallDelta": ["index", "id", "name", "arguments"],
+        "ThinkingCapped": ["tokens"],
+        "Retrying": ["attempt", "after_ms", "error"],
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         events[0].ahead = 3  # type: ignore[misc]

@@ -212,10 +212,17 @@ def test_requests_are_recorded_as_the_real_transport_sends_them() -> None:
     transport.open("POST", CHAT + "?q=1", b'{"a":1}', timeout=1.0)
     (request,) = transport.requests
     assert (request.method, request.target, request.path, request.body, request.time) == (
-        "POST", CHAT + "?q=1", CHAT, b'{"a":1}', 3.0
+        "POST",
+        CHAT + "?q=1",
+        CHAT,
+        b'{"a":1}',
+        3.0,
     )
     assert request.headers == (
-        ("host", "localhost"), ("content-type", "application/json"), ("content-length", "7"), ("connection", "close")
+        ("host", "localhost"),
+        ("content-type", "application/json"),
+        ("content-length", "7"),
+        ("connection", "close"),
     )
     assert request.json() == {"a": 1}
 
@@ -238,7 +245,9 @@ def test_routes_queue_and_repeat_and_unrouted_paths_get_404() -> None:
         return head.status
 
     assert [read_all(transport.open("GET", "/health", timeout=1.0), transport.clock, 100, 1.0) for _ in range(3)] == [
-        b'{"n":1}', b'{"n":2}', b'{"n":2}'
+        b'{"n":1}',
+        b'{"n":2}',
+        b'{"n":2}',
     ]
     assert status("/nope") == 404
 
@@ -254,10 +263,7 @@ def test_a_callable_route_sees_the_request() -> None:
 
 # -- raw scripts, parsed as the real client parses them ------------------------------------------
 
-RAW = (
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"3\r\nabc\r\n2;ext\r\nde\r\n0\r\nX-T: 1\r\n\r\n"
-)
+RAW = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;ext\r\nde\r\n0\r\nX-T: 1\r\n\r\n"
 
 
 def test_a_raw_script_is_de_chunked_at_the_pace_of_its_pieces() -> None:
@@ -277,8 +283,12 @@ def test_a_raw_script_is_de_chunked_at_the_pace_of_its_pieces() -> None:
         (b"HTTP/1.1 200 OK\r\n", End.RESET, StreamClosedEarly, "inside the response head"),
         (RAW[:60], End.CLOSE, StreamClosedEarly, r"after chunk 1 \(3 body bytes\)"),
         (b"garbage\r\n\r\n", End.CLOSE, ProtocolError, "malformed response"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", End.CLOSE, ProtocolError,
-         "both Transfer-Encoding and Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            End.CLOSE,
+            ProtocolError,
+            "both Transfer-Encoding and Content-Length",
+        ),
         (b"HTTP/1.1 200 OK\r\nX: " + b"x" * 20000 + b"\r\n\r\n", End.CLOSE, ProtocolError, "16384-byte limit"),
     ],
 )

@@ -27,9 +27,7 @@ def test_one_shot_digest_matches_the_published_vector(message: bytes, hexdigest:
 
 
 @pytest.mark.parametrize(("message", "hexdigest"), VECTORS, ids=lambda v: f"{len(v)}" if isinstance(v, bytes) else "")
-def test_message_fed_in_two_pieces_at_every_split_point_gives_the_same_digest(
-    message: bytes, hexdigest: str
-) -> None:
+def test_message_fed_in_two_pieces_at_every_split_point_gives_the_same_digest(message: bytes, hexdigest: str) -> None:
     for split in range(len(message) + 1):
         h = Sha256()
         h.update(message[:split])

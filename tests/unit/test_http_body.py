@@ -76,10 +76,18 @@ def chunked() -> BodyReader:
 CHUNKED: dict[str, tuple[bytes, bytes, bool, type[InferError] | None]] = {
     # name: (input, body, ended, error)
     "two chunks": (b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", b"hello world", True, None),
-    "hex in either case with leading zeros": (b"000A\r\n0123456789\r\na\r\nabcdefghij\r\n0\r\n\r\n",
-                                              b"0123456789abcdefghij", True, None),
-    "chunk extensions are accepted": (b"5;name=value\r\nhello\r\n1;a;b=\"q;x\"\r\n!\r\n0;end\r\n\r\n",
-                                      b"hello!", True, None),
+    "hex in either case with leading zeros": (
+        b"000A\r\n0123456789\r\na\r\nabcdefghij\r\n0\r\n\r\n",
+        b"0123456789abcdefghij",
+        True,
+        None,
+    ),
+    "chunk extensions are accepted": (
+        b'5;name=value\r\nhello\r\n1;a;b="q;x"\r\n!\r\n0;end\r\n\r\n',
+        b"hello!",
+        True,
+        None,
+    ),
     "whitespace before an extension is accepted": (b"5 \t;x=1\r\nhello\r\n0\r\n\r\n", b"hello", True, None),
     "trailers are accepted and ignored": (b"2\r\nhi\r\n0\r\nX-Trace: 1\r\nChecksum: abc\r\n\r\n", b"hi", True, None),
     "bytes after the end are ignored": (b"2\r\nhi\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n", b"hi", True, None),
@@ -183,8 +191,7 @@ def test_content_length_bodies(length: int, data: bytes, expected: tuple[bytes, 
 def test_a_short_content_length_body_says_how_short() -> None:
     result = run(lambda: LengthBody("POST /v1/chat/completions", 10), [b"abc"])
     assert result.message == (
-        "POST /v1/chat/completions: connection closed inside the body: content-length short, "
-        "3 of 10 bytes received"
+        "POST /v1/chat/completions: connection closed inside the body: content-length short, 3 of 10 bytes received"
     )
 
 
@@ -255,8 +262,29 @@ def test_valid_chunked_bodies_decode_like_h11_at_any_split(
 
 CHUNK_ALPHABET = st.sampled_from(
     # whole chunks, ends and trailers, so that valid bodies are common, and pieces that break them
-    [b"1\r\nx\r\n", b"3\r\nabc\r\n", b"2;e\r\n\r\n\r\n", b"0\r\n\r\n", b"0\r\n", b"X-A: 1\r\n", b"\r\n",
-     b"0", b"1", b"5", b"a", b"F", b"\r", b"\n", b";", b"=", b"x", b"X-A:", b"\x00", b"\xff", b"hello"]
+    [
+        b"1\r\nx\r\n",
+        b"3\r\nabc\r\n",
+        b"2;e\r\n\r\n\r\n",
+        b"0\r\n\r\n",
+        b"0\r\n",
+        b"X-A: 1\r\n",
+        b"\r\n",
+        b"0",
+        b"1",
+        b"5",
+        b"a",
+        b"F",
+        b"\r",
+        b"\n",
+        b";",
+        b"=",
+        b"x",
+        b"X-A:",
+        b"\x00",
+        b"\xff",
+        b"hello",
+    ]
 )
 
 
@@ -265,9 +293,7 @@ CHUNK_ALPHABET = st.sampled_from(
     data=st.one_of(st.binary(max_size=80), st.lists(CHUNK_ALPHABET, max_size=30).map(b"".join)),
     cuts=st.lists(st.integers(min_value=0), max_size=5),
 )
-def test_arbitrary_bytes_decode_or_fail_cleanly_and_never_more_leniently_than_h11(
-    data: bytes, cuts: list[int]
-) -> None:
+def test_arbitrary_bytes_decode_or_fail_cleanly_and_never_more_leniently_than_h11(data: bytes, cuts: list[int]) -> None:
     whole = run(chunked, [data])
     assert same(run(chunked, split(data, cuts))) == same(whole)
     if whole.ended and b" " not in data and b"\t" not in data:  # whitespace before ";" is ours alone

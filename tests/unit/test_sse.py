@@ -247,8 +247,26 @@ def test_events_are_cheap_frozen_values() -> None:
 # -- fuzz ----------------------------------------------------------------------------------------
 
 SSE_ALPHABET = st.sampled_from(
-    [b"data:", b"data: ", b"error:", b":", b" ", b"\n", b"\r", b"\r\n", b"[DONE]", b"x", b"{}", b"id:",
-     b"\xff", b"\xe2\x82", b"\xac", "🐢".encode(), b"\x00", b"\xef\xbb\xbf"]
+    [
+        b"data:",
+        b"data: ",
+        b"error:",
+        b":",
+        b" ",
+        b"\n",
+        b"\r",
+        b"\r\n",
+        b"[DONE]",
+        b"x",
+        b"{}",
+        b"id:",
+        b"\xff",
+        b"\xe2\x82",
+        b"\xac",
+        "🐢".encode(),
+        b"\x00",
+        b"\xef\xbb\xbf",
+    ]
 )
 
 
@@ -274,8 +292,17 @@ def test_parse_chunk_returns_the_object() -> None:
 
 @pytest.mark.parametrize(
     "data",
-    ["", "{", "[DONE]", '{"a":1} x', '{"a":"\x00"}', "NaN", '{"a":"\ud800"}', "[" * 2000 + "]" * 2000,
-     '{"a": 1e999999}'],
+    [
+        "",
+        "{",
+        "[DONE]",
+        '{"a":1} x',
+        '{"a":"\x00"}',
+        "NaN",
+        '{"a":"\ud800"}',
+        "[" * 2000 + "]" * 2000,
+        '{"a": 1e999999}',
+    ],
 )
 def test_parse_chunk_refuses_what_is_not_json(data: str) -> None:
     with pytest.raises(ProtocolError, match="not valid JSON"):

@@ -244,8 +244,7 @@ def loading() -> Reply:
 def slots_reply(busy: Sequence[bool], *, n_ctx: int = 4096) -> Reply:
     """`GET /slots` with one entry per slot, `is_processing` as given."""
     slots = [
-        {"id": index, "n_ctx": n_ctx, "speculative": False, "is_processing": flag}
-        for index, flag in enumerate(busy)
+        {"id": index, "n_ctx": n_ctx, "speculative": False, "is_processing": flag} for index, flag in enumerate(busy)
     ]
     return json_reply(slots)
 
