@@ -3,6 +3,7 @@ fakes (a `FakeClock`, a `ScriptedTransport`, a `FakeSlotProbe`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -10,16 +11,24 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeClock, FakeSlotProbe, Reply, ScriptedTransport, error_reply, sse_reply
+from adapters.fake_server import (
+    FakeClock,
+    FakeSlotProbe,
+    Reply,
+    ScriptedTransport,
+    error_reply,
+    json_reply,
+    sse_reply,
+)
 from adapters.fake_server.script import JSON_HEADERS, Piece, RouteSpec
 from app.client import Client
 from app.config import parse_config
-from client_support import CHAT, EXPECT, overridden
+from client_support import CHAT, CONTROL, EXPECT, overridden
 from client_support import chunk as stream_chunk
 from domain.cache import cache_outcome
 from domain.cancel import CancelToken
 from domain.completion import FinishReason, Timings
-from domain.errors import Cancelled, ClientClosed, HttpError, RequestError
+from domain.errors import Cancelled, ClientClosed, HttpError, RequestError, Stalled, ThinkingOverrun
 from domain.events import ChatEvent, Content, Retrying
 from domain.messages import ChatRequest, UserMessage
 from ports import SlotState
@@ -177,3 +186,51 @@ def test_each_answer_is_logged_with_its_counts_and_the_cache_outcome_against_the
     assert done == ["slot 1: stop, 42 prompt tokens (3 cached), 2 predicted, 0 reasoning"] * 2
     timings = Timings(cache_n=3, prompt_n=39, predicted_n=2)
     assert against == [f"slot 1: against the request before it: {cache_outcome(timings, timings)}"]
+
+
+def test_chat_with_a_cancelled_token_sends_nothing(client_for: Callable[..., Any]) -> None:
+    client, transport = client_for({CHAT: sse_reply(ANSWER)})
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        client.chat(REQ, lambda event: None, token)
+    assert transport.requests == []
+
+
+def test_the_response_head_is_logged_with_its_status_and_wait(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = client_for({CHAT: sse_reply(ANSWER, head_delay_s=0.25)})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"):
+        client.chat(REQ, lambda event: None)
+    assert "slot 1: response head 200 after 250 ms" in [r.getMessage() for r in caplog.records]
+
+
+def reasoning(n: int) -> dict[str, Any]:
+    return chunk({"reasoning_content": "hm"}, n=n)
+
+
+@pytest.mark.parametrize(
+    ("answer", "logged"),
+    [
+        ({"success": True}, "reasoning_end posted: accepted"),
+        ({"success": False}, "reasoning_end posted: the server answered {'success': False}"),
+    ],
+)
+def test_the_reasoning_end_call_is_logged_with_the_servers_answer(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture, answer: dict[str, Any], logged: str
+) -> None:
+    stream = [reasoning(1), reasoning(2), chunk({"content": "Hi"}, n=3), chunk(finish="stop", n=3)]
+    client, _ = client_for({CHAT: sse_reply(stream), CONTROL: json_reply(answer)}, limits={"thinking_cap": 2})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"), contextlib.suppress(ThinkingOverrun):
+        client.chat(REQ, lambda event: None)
+    assert logged in [r.getMessage() for r in caplog.records]
+
+
+def test_tokens_past_max_tokens_do_not_keep_a_silent_stream_alive(client_for: Callable[..., Any]) -> None:
+    # max_tokens 4: after "a", counts 5, 6, 7 arrive 600 ms apart with no text; they are no progress,
+    # so the silence reaches the 1000 ms liveness limit before the final chunk.
+    stream = [chunk({"content": "a"}, n=1), chunk(n=5), chunk(n=6), chunk(n=7), chunk(finish="stop", n=7)]
+    client, _ = client_for({CHAT: sse_reply(stream, delay_s=0.6)}, limits={"max_tokens": 4, "liveness_ms": 1000})
+    with pytest.raises(Stalled):
+        client.chat(REQ, lambda event: None)
