@@ -1,7 +1,8 @@
-"""The real clock: `time.monotonic` and `time.sleep` behind the `Clock` port."""
+"""The real clock: `time.monotonic`, `time.sleep` and `asyncio.sleep` behind the `AsyncClock` port."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -17,3 +18,8 @@ class SystemClock:
             wake.wait(seconds)
         elif seconds:
             time.sleep(seconds)
+
+    async def sleep_async(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
+        await asyncio.sleep(seconds)

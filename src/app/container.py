@@ -11,8 +11,10 @@ import random
 from dependency_injector import containers, providers
 
 from adapters.system import SystemClock
-from adapters.uds_http.slot_probe import HttpSlotProbe
+from adapters.uds_http.aio import AsyncUdsTransport
+from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
+from app.async_client import AsyncClient
 from app.client import Client
 from app.config import Config
 from domain.chat_stream import StreamLimits
@@ -95,6 +97,33 @@ class Container(containers.DeclarativeContainer):
         Client,
         transport=transport,
         probe=probe,
+        clock=clock,
+        gate=gate,
+        retry_policy=providers.Callable(retry_policy, config, rng),
+        request_settings=providers.Callable(request_settings, config),
+        limits=providers.Callable(client_limits, config),
+        total_slots=providers.Callable(total_slots, config),
+    )
+
+    # The asyncio client: the same settings, clock and slot gate (so a sync call and an async
+    # call never hold one slot at once), its own transport and probe on the event loop.
+    async_transport = providers.ThreadSafeSingleton(
+        AsyncUdsTransport,
+        socket_path=config.provided.socket,
+        header_bytes=config.provided.limits.header_bytes,
+    )
+    async_probe = providers.ThreadSafeSingleton(
+        AsyncHttpSlotProbe,
+        transport=async_transport,
+        timeout=providers.Callable(probe_timeout, config),
+        body_bytes=config.provided.limits.body_bytes,
+        clock=clock,
+        model=config.provided.model,
+    )
+    async_client = providers.ThreadSafeSingleton(
+        AsyncClient,
+        transport=async_transport,
+        probe=async_probe,
         clock=clock,
         gate=gate,
         retry_policy=providers.Callable(retry_policy, config, rng),

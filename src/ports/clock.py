@@ -19,3 +19,12 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
     def sleep(self, seconds: float, wake: threading.Event | None = None) -> None: ...
+
+
+@runtime_checkable
+class AsyncClock(Clock, Protocol):
+    """A `Clock` an asyncio caller can wait on: `await sleep_async(seconds)` returns after at
+    least `seconds` on this clock (a fake clock advances itself at once) without blocking the
+    event loop; cancelling the awaiting task ends it. A negative duration raises `ValueError`."""
+
+    async def sleep_async(self, seconds: float) -> None: ...

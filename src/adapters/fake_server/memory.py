@@ -48,6 +48,9 @@ class FakeClock:
         if wake is None or not wake.is_set():
             self.advance(seconds)
 
+    async def sleep_async(self, seconds: float) -> None:
+        self.advance(seconds)
+
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:
             raise ValueError(f"a clock cannot go backwards (advance by {seconds} s)")

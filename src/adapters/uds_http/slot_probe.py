@@ -5,6 +5,9 @@ Every way of not learning the state (refused, 503 while loading, 501 with `--no-
 a cut, a malformed or oversized body, no entry for the slot) is `SlotState.UNAVAILABLE`; only a
 negative slot id, a caller's bug, raises. Each such failure is logged at WARNING with its reason
 under `inferpath.probe`: the state says only "unavailable", the log says why.
+
+`AsyncHttpSlotProbe` is the same probe for asyncio (`AsyncSlotProbe`), over an `AsyncTransport`;
+cancelling the task that awaits it closes its connection and raises `asyncio.CancelledError`.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import logging
 
 from adapters.system import SystemClock
 from domain.errors import ERROR_BODY_BYTES, InferError
-from domain.fetch import FetchLimits, fetch
+from domain.fetch import FetchLimits, fetch, fetch_async
 from domain.llama_api import SLOTS_PATH, slot_state, with_model
 from ports.clock import Clock
 from ports.slot_probe import SlotState
-from ports.transport import CancelSignal, Transport
+from ports.transport import AsyncTransport, CancelSignal, Transport
 
 log = logging.getLogger("inferpath.probe")
 
@@ -51,10 +54,49 @@ class HttpSlotProbe:
         try:
             body = fetch(self._transport, self._clock, "GET", self._path, None, limits, cancel)
         except InferError as exc:
-            # The server cannot say (refused, loading, silent, malformed): the load budget runs.
-            log.warning("slot %d: /slots probe failed (%s: %s)", slot, type(exc).__name__, exc)
-            return SlotState.UNAVAILABLE
-        state = slot_state(body, slot)
-        if state is SlotState.UNAVAILABLE:
-            log.warning("slot %d: /slots answer has no readable entry for this slot", slot)
-        return state
+            return _failed(slot, exc)
+        return _state_of(body, slot)
+
+
+class AsyncHttpSlotProbe:
+    """`HttpSlotProbe` over an `AsyncTransport`: the same request, limits, answers and log lines."""
+
+    __slots__ = ("_body_bytes", "_clock", "_path", "_timeout", "_transport")
+
+    def __init__(
+        self,
+        transport: AsyncTransport,
+        *,
+        timeout: float,
+        body_bytes: int,
+        clock: Clock | None = None,
+        model: str | None = None,
+    ) -> None:
+        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
+        self._transport = transport
+        self._timeout = timeout
+        self._body_bytes = body_bytes
+        self._clock: Clock = clock if clock is not None else SystemClock()
+
+    async def state(self, slot: int) -> SlotState:
+        if slot < 0:
+            raise ValueError(f"slot ids are never negative, got {slot}")
+        limits = FetchLimits(self._timeout, self._timeout, self._body_bytes, ERROR_BODY_BYTES)
+        try:
+            body = await fetch_async(self._transport, self._clock, "GET", self._path, None, limits)
+        except InferError as exc:
+            return _failed(slot, exc)
+        return _state_of(body, slot)
+
+
+def _failed(slot: int, exc: InferError) -> SlotState:
+    # The server cannot say (refused, loading, silent, malformed): the load budget runs.
+    log.warning("slot %d: /slots probe failed (%s: %s)", slot, type(exc).__name__, exc)
+    return SlotState.UNAVAILABLE
+
+
+def _state_of(body: bytes, slot: int) -> SlotState:
+    state = slot_state(body, slot)
+    if state is SlotState.UNAVAILABLE:
+        log.warning("slot %d: /slots answer has no readable entry for this slot", slot)
+    return state

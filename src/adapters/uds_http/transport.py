@@ -108,7 +108,7 @@ class UdsTransport:
             sock.connect(self.socket_path)
         except (OSError, ValueError) as exc:
             sock.close()
-            raise ConnectError(f"cannot connect to {self.socket_path}: {_connect_reason(exc, limit)}") from exc
+            raise ConnectError(f"cannot connect to {self.socket_path}: {connect_reason(exc, limit)}") from exc
         return sock
 
 
@@ -133,7 +133,7 @@ def exchange_over(
     return send(SocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer)
 
 
-def _connect_reason(exc: BaseException, limit: float) -> str:
+def connect_reason(exc: BaseException, limit: float) -> str:
     if isinstance(exc, FileNotFoundError):
         return "no such socket file (is the server or proxy running?)"
     if isinstance(exc, ConnectionRefusedError):

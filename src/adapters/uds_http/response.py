@@ -1,0 +1,200 @@
+"""One request's response, sans-IO: bytes in, the head and then the body's pieces out.
+
+The parsing core of every exchange, blocking (`adapters.uds_http.exchange`) or asyncio
+(`adapters.uds_http.aio`): they own the waits and the socket and nothing else, as h11 asks of
+its callers. h11 parses and validates the status line and headers (the head's size cap with it);
+`adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
+exchanges say the same thing for the same bytes.
+
+The driving protocol:
+
+    head = parser.next_head()            # None: it needs more bytes
+    while head is None:
+        parser.receive_data(recv())      # b"" for EOF
+        head = parser.next_head()
+    body = parser.body                   # then body.pull() / body.push(data) / body.eof()
+
+Invariants:
+- Bytes are handed over only when the parser asked for them (`next_head` returned None), so EOF
+  reaches h11 only after it said `NEED_DATA`, and every error h11 raises after EOF means "the
+  peer closed inside the head": `StreamClosedEarly`. Every other framing error is a
+  `ProtocolError`; EOF inside a body is `StreamClosedEarly` saying where (the body reader's).
+- A head that was refused (too big, ambiguous framing) stays refused.
+- Nothing here reads a clock or a socket.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+import h11
+
+from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
+from domain.errors import ProtocolError, StreamClosedEarly
+from ports.transport import ResponseHead
+
+_NEED_DATA = h11.NEED_DATA
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A request rendered by h11, ready to send; `conn` then parses its response's head."""
+
+    method: str
+    path: str
+    data: bytes
+    conn: h11.Connection
+    header_bytes: int
+
+    @property
+    def what(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def render(method: str, path: str, body: bytes | None, header_bytes: int) -> Request:
+    """The request's bytes (`Host`, a JSON body's type and length, `Connection: close`). A
+    malformed method or path is the caller's bug: `ValueError`."""
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
+    headers = [("Host", "localhost")]
+    if body is not None:
+        headers.append(("Content-Type", "application/json"))
+        headers.append(("Content-Length", str(len(body))))
+    headers.append(("Connection", "close"))
+    try:
+        out = conn.send(h11.Request(method=method, target=path, headers=headers))
+        if body:
+            out += conn.send(h11.Data(data=body))
+        out += conn.send(h11.EndOfMessage())
+    except h11.LocalProtocolError as exc:
+        raise ValueError(f"cannot send {method!r} {path!r}: {exc}") from exc
+    return Request(method, path, bytes(out), conn, header_bytes)
+
+
+class ResponseParser:
+    """The response to `request` (see the module for the driving protocol)."""
+
+    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "body", "eof", "head", "what")
+
+    def __init__(self, request: Request) -> None:
+        self._conn: h11.Connection | None = request.conn  # only until the head is parsed
+        self._method = request.method.upper()
+        self._header_bytes = request.header_bytes
+        self._fed = 0  # bytes handed to h11 while reading the head
+        self.what = request.what
+        self.head: ResponseHead | None = None
+        self.body: BodyReader | None = None  # once the head is parsed
+        self.eof = False
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes received (`b""`: the peer closed). Only after `next_head` returned None, or,
+        once the head is out, after the body reader's `pull` did (a hot loop may push to
+        `body` itself)."""
+        if not data:
+            self.eof = True
+        body = self.body
+        if body is not None:
+            if data:
+                body.push(data)
+            else:
+                body.eof()
+            return
+        conn = self._conn
+        if conn is None:  # pragma: no cover - `next_head` refuses first
+            raise ProtocolError(f"{self.what}: response head already refused")
+        self._fed += len(data)
+        conn.receive_data(data)
+
+    def next_head(self) -> ResponseHead | None:
+        """The status and headers once they are complete; None while more bytes are needed."""
+        if self.head is not None:
+            return self.head
+        conn = self._conn
+        if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
+            raise ProtocolError(f"{self.what}: response head already refused")
+        while True:
+            try:
+                event = conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise self._head_error(exc) from exc
+            if event is _NEED_DATA:
+                return None
+            if type(event) is h11.Response:
+                return self._take_head(event)
+            if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
+                raise ProtocolError(f"{self.what}: unexpected {type(event).__name__} before the head")
+
+    # -- the wording of failures ------------------------------------------------------------------
+
+    def failure(self, exc: OSError) -> StreamClosedEarly:
+        """A receive that failed (reset by the peer), said with where in the response it was."""
+        return StreamClosedEarly(f"{self.what}: connection failed {self.where()} ({reason(exc)})")
+
+    def closed(self) -> StreamClosedEarly:
+        """What a call on an exchange its owner closed raises."""
+        return StreamClosedEarly(f"{self.what}: exchange already closed")
+
+    def at_eof(self) -> StreamClosedEarly:
+        return StreamClosedEarly(f"{self.what}: connection already at EOF")
+
+    def where(self) -> str:
+        if self.body is None:
+            return f"inside the response head after {self._fed} bytes"
+        return self.body.where()
+
+    # -- the head -------------------------------------------------------------------------------
+
+    def _take_head(self, event: h11.Response) -> ResponseHead:
+        conn = self._conn
+        assert conn is not None
+        self._conn = None  # h11 is done either way: the body is read by a body reader
+        unread, closed = conn.trailing_data
+        size = self._fed - len(unread)
+        if size > self._header_bytes:
+            raise ProtocolError(
+                f"{self.what}: response head of {size} bytes is over the {self._header_bytes}-byte limit"
+            )
+        if event.http_version not in (b"1.1", b"1.0"):
+            raise ProtocolError(f"{self.what}: unsupported HTTP version {event.http_version.decode()!r}")
+        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
+        head = ResponseHead(status=event.status_code, headers=headers)
+        body = self._body_reader(head, unread)
+        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
+            body.eof()
+        self.head = head
+        self.body = body
+        return head
+
+    def _body_reader(self, head: ResponseHead, buffered: bytes) -> BodyReader:
+        # RFC 9112 section 6.3, in order. h11 has already refused a transfer coding other than
+        # `chunked` and conflicting Content-Length values.
+        status = head.status
+        if self._method == "HEAD" or status in (204, 304) or status < 200:
+            return EmptyBody(self.what, buffered)
+        coding = head.header("transfer-encoding")
+        length = head.header("content-length")
+        if coding is not None:
+            if length is not None:
+                # RFC 9112 lets Transfer-Encoding win, but the pair is the shape of a smuggling
+                # or splitting attempt and no honest server sends it: refuse it.
+                raise ProtocolError(f"{self.what}: response has both Transfer-Encoding and Content-Length")
+            return ChunkedBody(self.what, self._header_bytes, buffered)
+        if length is not None:
+            return LengthBody(self.what, int(length), buffered)
+        return BodyReader(self.what, buffered)
+
+    def _head_error(self, exc: h11.RemoteProtocolError) -> Exception:
+        if self.eof:
+            if self._fed == 0:
+                return StreamClosedEarly(f"{self.what}: connection closed before any response byte")
+            return StreamClosedEarly(f"{self.what}: connection closed inside the response head after {self._fed} bytes")
+        if str(exc) == "Receive buffer too long":
+            return ProtocolError(f"{self.what}: response head over the {self._header_bytes}-byte limit")
+        return ProtocolError(f"{self.what}: malformed response head: {exc}")
+
+
+def reason(exc: BaseException) -> str:
+    """An `OSError` in a few words: `ECONNRESET: Connection reset by peer`."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{errno.errorcode.get(exc.errno, exc.errno)}: {exc.strerror}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,151 @@
+"""The slot gate's wake-ups for waiters that cannot block a thread, and the asyncio gate on them.
+
+`watch(ticket, wake)` calls `wake()` on every change of the ticket's slot; `poll(ticket)` says,
+without blocking, whether the ticket got the slot (0), moved up (its new place) or not (None).
+`AsyncSlotGate` waits on them in one queue with the blocking waiters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.async_gate import AsyncSlotGate
+from domain.gate import SlotGate
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_poll_says_nothing_changed_until_the_ticket_moves_up() -> None:
+    gate = SlotGate(queue_per_slot=4)
+    holder = gate.enter(0)
+    second = gate.enter(0)
+    third = gate.enter(0)
+
+    assert (second.ahead, third.ahead) == (1, 2)
+    assert gate.poll(third) is None
+    gate.leave(second)  # a waiter ahead leaves the queue
+    assert gate.poll(third) == 1
+    assert gate.poll(third) is None, "a place is reported once"
+    gate.leave(holder)
+    assert gate.poll(third) == 0
+    assert gate.held(0)
+
+
+def test_every_change_of_the_slot_wakes_each_watcher_the_new_holder_included() -> None:
+    gate = SlotGate(queue_per_slot=4)
+    holder = gate.enter(0)
+    second, third = gate.enter(0), gate.enter(0)
+    woken: list[str] = []
+    gate.watch(second, lambda: woken.append("second"))
+    gate.watch(third, lambda: woken.append("third"))
+
+    gate.leave(holder)  # second gets the slot, third moves up
+    assert sorted(woken) == ["second", "third"]
+    woken.clear()
+    gate.leave(second)  # second leaves: its watch ends with it
+    assert woken == ["third"]
+
+
+def test_a_wake_that_raises_does_not_break_the_release() -> None:
+    gate = SlotGate(queue_per_slot=1)
+    holder = gate.enter(0)
+    waiter = gate.enter(0)
+
+    def broken() -> None:
+        raise RuntimeError("the loop is closed")
+
+    gate.watch(waiter, broken)
+    gate.leave(holder)
+
+    assert gate.poll(waiter) == 0
+
+
+def test_watch_none_stops_the_wake_ups() -> None:
+    gate = SlotGate(queue_per_slot=1)
+    holder = gate.enter(0)
+    waiter = gate.enter(0)
+    woken: list[int] = []
+    gate.watch(waiter, lambda: woken.append(1))
+    gate.watch(waiter, None)
+
+    gate.leave(holder)
+
+    assert woken == []
+
+
+# -- the asyncio gate ---------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_an_async_waiter_gets_the_slot_a_thread_releases() -> None:
+    gate = SlotGate(queue_per_slot=2)
+    holder = gate.enter(0)
+    aio = AsyncSlotGate(gate)
+    ticket = aio.enter(0)
+    assert ticket.ahead == 1
+
+    threading.Timer(0.05, gate.leave, (holder,)).start()
+    ahead = await asyncio.wait_for(aio.wait(ticket), 2.0)
+
+    assert ahead == 0
+    assert gate.held(0)
+    aio.leave(ticket)
+    assert not gate.held(0)
+
+
+@pytest.mark.asyncio
+async def test_a_thread_waiting_behind_an_async_holder_gets_the_slot_it_releases() -> None:
+    gate = SlotGate(queue_per_slot=2)
+    aio = AsyncSlotGate(gate)
+    mine = aio.enter(0)
+    got: list[int] = []
+    blocked = gate.enter(0)
+    thread = threading.Thread(target=lambda: got.append(gate.wait(blocked)))
+    thread.start()
+
+    await asyncio.sleep(0.02)
+    assert got == []
+    aio.leave(mine)
+    thread.join(2.0)
+
+    assert got == [0]
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_async_waiter_leaves_the_queue_and_stops_watching() -> None:
+    gate = SlotGate(queue_per_slot=2)
+    holder = gate.enter(0)
+    aio = AsyncSlotGate(gate)
+    ticket = aio.enter(0)
+    task = asyncio.create_task(aio.wait(ticket))
+    await asyncio.sleep(0.01)
+
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        aio.leave(ticket)
+
+    assert task.cancelled()
+    assert gate.waiting(0) == 0
+    assert ticket.wake is None
+    gate.leave(holder)
+    assert not gate.held(0)
+
+
+@pytest.mark.asyncio
+async def test_async_waiters_move_up_in_order() -> None:
+    gate = SlotGate(queue_per_slot=3)
+    holder = gate.enter(0)
+    aio = AsyncSlotGate(gate)
+    first, second = aio.enter(0), aio.enter(0)
+    waits = [asyncio.create_task(aio.wait(first)), asyncio.create_task(aio.wait(second))]
+    await asyncio.sleep(0.01)
+
+    gate.leave(holder)
+    places = await asyncio.wait_for(asyncio.gather(*waits), 2.0)
+
+    assert places == [0, 1]
