@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -29,12 +30,13 @@ from domain.cache import cache_outcome
 from domain.cancel import CancelToken
 from domain.completion import FinishReason, Timings
 from domain.errors import Cancelled, ClientClosed, HttpError, RequestError, Stalled, ThinkingOverrun
-from domain.events import ChatEvent, Content, Retrying
+from domain.events import ChatEvent, Content, Queued, Retrying
 from domain.messages import ChatRequest, UserMessage
 from ports import SlotState
 
 pytestmark = pytest.mark.timeout(10)
 
+JOIN_S = 5.0
 CID = "chatcmpl-mutants"
 REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
 chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)
@@ -234,3 +236,52 @@ def test_tokens_past_max_tokens_do_not_keep_a_silent_stream_alive(client_for: Ca
     client, _ = client_for({CHAT: sse_reply(stream, delay_s=0.6)}, limits={"max_tokens": 4, "liveness_ms": 1000})
     with pytest.raises(Stalled):
         client.chat(REQ, lambda event: None)
+
+
+def test_an_error_body_is_read_until_the_liveness_limit_after_the_head(client_for: Callable[..., Any]) -> None:
+    # The second piece comes 999.5 ms after the head, inside the 1000 ms the body may take.
+    reply = Reply(500, JSON_HEADERS, [Piece(0.0, b"first "), Piece(0.9995, b"second")])
+    client, _ = client_for({CHAT: reply}, limits={"liveness_ms": 1000})
+    with pytest.raises(HttpError) as caught:
+        client.chat(REQ, lambda event: None)
+    assert caught.value.body == "first second"
+
+
+def test_an_error_body_is_kept_up_to_the_configured_limit_even_past_4_kib(client_for: Callable[..., Any]) -> None:
+    body = b"x" * 6000
+    client, _ = client_for({CHAT: Reply(500, JSON_HEADERS, [Piece(0.0, body)])}, limits={"error_body_bytes": 8192})
+    with pytest.raises(HttpError) as caught:
+        client.chat(REQ, lambda event: None)
+    assert caught.value.body == body.decode()
+
+
+def test_a_call_cancelled_while_queued_leaves_the_queue_at_once(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = client_for({CHAT: [sse_reply(ANSWER), sse_reply(ANSWER)]})
+    holding = threading.Event()
+    release = threading.Event()
+
+    def hold(event: ChatEvent) -> None:
+        holding.set()
+        release.wait(JOIN_S)
+
+    holder = threading.Thread(target=client.chat, args=(REQ, hold))
+    holder.start()
+    try:
+        assert holding.wait(JOIN_S)  # the holder has the slot and sits in its first event
+        token = CancelToken()
+        seen: list[ChatEvent] = []
+
+        def cancel_when_queued(event: ChatEvent) -> None:
+            seen.append(event)
+            token.cancel()
+
+        with caplog.at_level(logging.DEBUG, logger="inferpath.client"), pytest.raises(Cancelled):
+            client.chat(REQ, cancel_when_queued, token)
+        assert seen == [Queued(1)]
+        assert "slot 1: queued, 1 ahead" in [r.getMessage() for r in caplog.records]
+    finally:
+        release.set()
+        holder.join(JOIN_S)
+    assert not holder.is_alive()
