@@ -60,3 +60,11 @@ def test_a_repeated_equal_id_and_name_neither_count_again_nor_advance() -> None:
     assembler.feed(call_delta(id="call_1", function={"name": "get_time", "arguments": ""}))
     assert not assembler.advanced
     assembler.feed(call_delta(id="call_1", function={"name": "get_time", "arguments": "{}"}))
+
+
+@pytest.mark.parametrize("field", ["total", "cache", "processed"])
+def test_a_progress_count_that_is_not_an_integer_is_named_by_its_path(field: str) -> None:
+    progress = {"total": 10, "cache": 0, "processed": 5, field: "7"}
+    with pytest.raises(ProtocolError) as caught:
+        Assembler().feed({"prompt_progress": progress})
+    assert str(caught.value) == f"prompt_progress.{field} is '7', not an integer"

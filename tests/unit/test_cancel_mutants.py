@@ -88,3 +88,18 @@ def test_a_wake_up_registered_after_the_cancel_runs_at_once() -> None:
     assert ran == ["late"]
     assert forget() is None
     assert ran == ["late"]
+
+
+def test_every_one_of_many_wake_ups_runs() -> None:
+    token = CancelToken()
+    ran: list[int] = []
+    for i in range(5):
+        token.on_cancel(lambda i=i: ran.append(i))  # type: ignore[misc]
+    token.cancel()
+    assert sorted(ran) == [0, 1, 2, 3, 4]
+
+
+def test_the_error_of_a_token_not_cancelled_yet_is_the_default_cancelled() -> None:
+    error = CancelToken().error()
+    assert type(error) is Cancelled
+    assert str(error) == "the call was cancelled"

@@ -62,3 +62,14 @@ def test_a_feed_after_end_is_refused_also_after_done() -> None:
     assert not decoder.partial_event
     with pytest.raises(ValueError, match=r"called after end\(\)"):
         decoder.feed(b"data: {}\n\n")
+
+
+def test_a_failure_after_events_is_raised_once_then_called_already_failed() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: {}\n\nevent: \xff\n\n") == [SseData("{}")]  # the error waits for the next call
+    with pytest.raises(ProtocolError) as first:
+        decoder.feed(b"data: {}\n\n")
+    assert str(first.value).startswith("SSE field value is not valid UTF-8")
+    with pytest.raises(ProtocolError) as second:
+        decoder.feed(b"data: {}\n\n")
+    assert str(second.value) == f"SSE stream already failed: {first.value}"

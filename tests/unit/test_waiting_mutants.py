@@ -58,3 +58,18 @@ def test_the_liveness_read_timeout_is_zero_long_after_expiry_never_negative() ->
     liveness = Liveness(1000, now=0.0)
     assert liveness.timeout(0.25) == pytest.approx(0.75)
     assert liveness.timeout(5.0) == 0.0
+
+
+@pytest.mark.parametrize("name", ["poll_ms", "busy_wait_ms", "load_wait_ms", "idle_grace_ms"])
+@pytest.mark.parametrize("value", [0, -1, True, "5"])
+def test_a_wait_limit_that_is_not_a_positive_number_is_refused_by_name(name: str, value: object) -> None:
+    limits: dict[str, object] = {"poll_ms": 100, "busy_wait_ms": 1000, "load_wait_ms": 1000, "idle_grace_ms": 1000}
+    limits[name] = value
+    with pytest.raises(ValueError) as caught:
+        FirstByteWait(**limits, sent_at=0.0)  # type: ignore[arg-type]
+    assert str(caught.value) == f"{name} must be a positive number of milliseconds, not {value!r}"
+
+
+def test_a_wait_limit_of_under_one_millisecond_is_taken() -> None:
+    wait = FirstByteWait(poll_ms=0.5, busy_wait_ms=1, load_wait_ms=1, idle_grace_ms=1, sent_at=0.0)
+    assert wait.timeout(0.0) == pytest.approx(0.0005)
