@@ -1,45 +1,74 @@
-"""The asyncio client never blocks its event loop: several streams, polls and info calls at once
-on a loop in debug mode, which logs every callback or task step that holds the loop longer than
-`slow_callback_duration` ("Executing <Task ...> took 0.031 seconds")."""
+"""The asyncio client never blocks its event loop: several streams and `/slots` calls at once on
+a loop in debug mode, which logs every callback or task step that holds the loop longer than
+`slow_callback_duration` ("Executing <Task ...> took 0.031 seconds").
+
+The fake server runs in a process of its own (its command line), so that its threads never hold
+this process's GIL while a step of the loop is being timed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, json_reply, sse_reply
+from adapters.fake_server import sse_reply
+from adapters.fake_server.wire import on_wire
 from app.container import Container
-from client_support import CHAT, PROPS, SLOTS, chunk, config_for
+from client_support import chunk, config_for
 from domain.messages import ChatRequest, UserMessage
 
-pytestmark = pytest.mark.timeout(20)
+pytestmark = pytest.mark.timeout(30)
+
+WORDS = 40
+PIECE_DELAY_MS = 5
 
 
-def test_several_streams_never_block_a_debug_mode_loop(server: FakeServer, caplog: pytest.LogCaptureFixture) -> None:
-    # asyncio's debug mode logs "Executing <Handle ...> took 0.031 seconds" for every callback or
-    # task step that holds the loop longer than `slow_callback_duration`.
-    pieces = [chunk({"content": f" w{n}"}, n=n) for n in range(1, 41)]
-    server.route(*CHAT, sse_reply([*pieces, chunk(finish="stop", n=40)], delay_s=0.005))
-    server.route(*SLOTS, json_reply([{"id": 0, "is_processing": True}, {"id": 1, "is_processing": False}]))
-    aio = Container(config=config_for(server.socket_path, liveness_ms=2000)).async_client()
+@pytest.fixture
+def socket_path(tmp_path: Path) -> Iterator[str]:
+    """A fake server in its own process, serving a 40-token answer, one chunk each 5 ms."""
+    pieces = [chunk({"content": f" w{n}"}, n=n) for n in range(1, WORDS + 1)]
+    wire = on_wire(sse_reply([*pieces, chunk(finish="stop", n=WORDS)]))
+    raw = tmp_path / "response.raw"
+    raw.write_bytes(b"".join(data for _, data in wire.writes))
+    path = str(tmp_path / "llama.sock")
+    command = [sys.executable, "-m", "adapters.fake_server", "--socket", path, "--transcript", str(raw)]
+    command += ["--delay-ms", str(PIECE_DELAY_MS)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving"), line
+        yield path
+    finally:
+        proc.terminate()
+        proc.wait(5.0)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog: pytest.LogCaptureFixture) -> None:
+    aio = Container(config=config_for(socket_path, liveness_ms=2000)).async_client()
     reqs = [ChatRequest(slot=n % 2, messages=(UserMessage(f"story {n}"),)) for n in range(6)]
 
     async def run() -> list[Any]:
         loop = asyncio.get_running_loop()
-        await aio.chat(reqs[0], lambda event: None)  # imports and first-use costs outside the watch
+        await aio.chat(reqs[0], lambda event: None)  # first-use costs (imports, caches) unwatched
         loop.set_debug(True)
         loop.slow_callback_duration = 0.02
         streams = [aio.chat(req, lambda event: None) for req in reqs]
-        return [*await asyncio.gather(*streams), await aio.slots(), await aio.props()]
+        return [*await asyncio.gather(*streams), await aio.slots()]
 
-    server.route(
-        *PROPS, json_reply({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 2, "chat_template": "t"})
-    )
     with caplog.at_level("WARNING", logger="asyncio"):
         results = asyncio.run(run())
 
-    assert [c.content for c in results[:6]] == ["".join(f" w{n}" for n in range(1, 41))] * 6
+    answer = "".join(f" w{n}" for n in range(1, WORDS + 1))
+    assert [c.content for c in results[:6]] == [answer] * 6
+    assert [s.is_processing for s in results[6]] == [False, False]
     slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
     assert slow == []
