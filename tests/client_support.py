@@ -5,21 +5,31 @@ a llama-server stream chunk and the short answer most of them stream.
 
 The limits are between 50 and 200 ms, so a test waits a fraction of a second: polls every 100 ms,
 wait budgets of 150 ms, liveness 100 ms, retry waits of 50, 80 and 120 ms without jitter.
+
+One contract suite, two clients: every client these helpers build (`client_for`, `client_of`) is
+of the kind the running test was given (`with client_kind("async"):`, set by the `client_kind`
+fixture): the sync `Client`, or the container's `AsyncClient` behind an `AsyncBridge`, which has
+the sync surface and awaits the async one underneath. Outside such a block it is the sync one.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from adapters.fake_server import FakeServer, RecordedRequest
+from adapters.uds_http.aio import AsyncUdsTransport
+from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from adapters.uds_http.transport import UdsTransport
 from app.client import Client
 from app.config import Config, parse_config
 from app.container import Container
+from async_bridge import AsyncBridge, run
 from domain.completion import Completion, FinishReason, Timings
 from domain.events import ChatEvent, Content, Progress
 from domain.messages import ChatRequest, UserMessage
+from ports.slot_probe import SlotState
 
 CHAT = ("POST", "/v1/chat/completions")
 CONTROL = ("POST", "/v1/chat/completions/control")
@@ -56,9 +66,53 @@ def overridden() -> Iterator[Callable[..., Container]]:
         yield make
 
 
-def client_for(server: FakeServer, **options: Any) -> Client:
-    client: Client = Container(config=config_for(server.socket_path, **options)).client()
+CLIENT_KINDS = ("sync", "async")
+_kind = ["sync"]
+
+
+@contextlib.contextmanager
+def client_kind(kind: str) -> Iterator[str]:
+    """Within the block, the helpers build clients of `kind` ("sync" or "async")."""
+    if kind not in CLIENT_KINDS:
+        raise ValueError(f"no client kind {kind!r}: one of {CLIENT_KINDS}")
+    before = _kind[0]
+    _kind[0] = kind
+    try:
+        yield kind
+    finally:
+        _kind[0] = before
+
+
+def client_of(container: Container) -> Client:
+    """The container's client of the current kind: `container.client()`, or
+    `container.async_client()` behind an `AsyncBridge` (duck-typed as a `Client`)."""
+    if _kind[0] == "async":
+        return cast(Client, AsyncBridge(container.async_client()))
+    client: Client = container.client()
     return client
+
+
+def client_for(server: FakeServer, **options: Any) -> Client:
+    return client_of(Container(config=config_for(server.socket_path, **options)))
+
+
+def probe_on(socket_path: str, *, timeout: float, body_bytes: int) -> dict[str, Any]:
+    """A provider override for the current kind: a `/slots` probe on `socket_path` (the sync
+    client's `probe`, or the async client's `async_probe`)."""
+    if _kind[0] == "async":
+        transport = AsyncUdsTransport(socket_path, header_bytes=16384)
+        return {"async_probe": AsyncHttpSlotProbe(transport, timeout=timeout, body_bytes=body_bytes)}
+    blocking = UdsTransport(socket_path, header_bytes=16384)
+    return {"probe": HttpSlotProbe(blocking, timeout=timeout, body_bytes=body_bytes)}
+
+
+def probe_state(container: Container, slot: int) -> SlotState:
+    """One `/slots` probe by the container's probe of the current kind."""
+    if _kind[0] == "async":
+        state: SlotState = run(container.async_probe().state(slot))
+        return state
+    probed: SlotState = container.probe().state(slot)
+    return probed
 
 
 def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest]:

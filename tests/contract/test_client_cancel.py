@@ -35,7 +35,7 @@ from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed, InferError
 from domain.events import ChatEvent, Content, Queued, Reasoning, Retrying, Waiting
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 # The brief's promise is 100 ms from cancel to return; a loaded 2-core machine gets some slack
 # in the assertion, the figure itself is reported by the note's measurements.
@@ -236,6 +236,7 @@ def test_a_token_cancelled_before_the_call_sends_nothing(server: FakeServer) -> 
     assert server.requests == []
 
 
+@pytest.mark.sync_only("builds no client")
 def test_cancel_is_idempotent_and_a_token_says_so() -> None:
     token = CancelToken()
     assert not token.cancelled
@@ -298,6 +299,7 @@ def test_a_client_used_as_a_context_manager_is_closed_after_it(server: FakeServe
         client.chat(REQ, lambda event: None)
 
 
+@pytest.mark.sync_only("builds no client")
 def test_closed_errors_are_cancelled_and_infer_errors() -> None:
     assert issubclass(ClientClosed, Cancelled)
     assert issubclass(Cancelled, InferError)

@@ -8,12 +8,13 @@ from adapters.fake_server import End, FakeServer, sse_reply
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
+from client_support import client_of
 from domain.completion import FinishReason
 from domain.errors import Stalled
 from domain.events import ChatEvent, Content
 from domain.messages import ChatRequest, UserMessage
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 CID = "chatcmpl-finishtestfinishtestfinishtest00"
 REQ = ChatRequest(slot=0, messages=[UserMessage("Hi")])
@@ -42,8 +43,7 @@ def client_for(server: FakeServer) -> Client:
             "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
         }
     )
-    client: Client = Container(config=config).client()
-    return client
+    return client_of(Container(config=config))
 
 
 def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_limit(server: FakeServer) -> None:

@@ -19,7 +19,7 @@ from domain.completion import Completion
 from domain.errors import InferError
 from domain.events import ChatEvent, Queued, Retrying
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 LOADING_ERROR = 'HttpError: HTTP 503: {"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 

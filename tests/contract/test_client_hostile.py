@@ -29,7 +29,7 @@ from domain.errors import HttpError, InferError, ProtocolError, RequestError, St
 from domain.events import ChatEvent, Content, Reasoning, ThinkingCapped
 from domain.messages import ChatRequest, UserMessage
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 LIVENESS_S = 0.1
 # Well past one liveness period on a loaded machine, well short of the scripts' seconds.

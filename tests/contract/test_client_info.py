@@ -28,10 +28,11 @@ from adapters.fake_server import (
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from app.container import Container
+from client_support import client_of, probe_state
 from domain.errors import ConnectError, HttpError, ProtocolError, Stalled, StreamClosedEarly
 from transcripts import TRANSCRIPTS, case_names, load_case
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 LIMITS = {"poll_ms": 50, "load_wait_ms": 150, "liveness_ms": 100}
 TEMPLATE = "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}"
@@ -48,8 +49,7 @@ PROPS = {
 
 def client_for(socket_path: str, **limits: int) -> Client:
     config = parse_config({"socket": socket_path, "limits": {**LIMITS, **limits}})
-    client: Client = Container(config=config).client()
-    return client
+    return client_of(Container(config=config))
 
 
 def recorded(name: str) -> Any:
@@ -86,12 +86,12 @@ def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer) -
     server.route("POST", "/tokenize", json_reply({"tokens": []}))
     config = parse_config({"socket": server.socket_path, "model": "org/Qwen3 0.6B", "limits": LIMITS})
     container = Container(config=config)
-    client = container.client()
+    client = client_of(container)
 
     client.props()
     client.slots()
     client.tokenize("")
-    container.probe().state(0)
+    probe_state(container, 0)
 
     assert [r.target for r in server.requests] == [
         "/props?model=org%2FQwen3%200.6B",

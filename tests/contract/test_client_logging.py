@@ -12,7 +12,7 @@ from client_support import ANSWER, CHAT, REQ, SLOTS, chunk, client_for
 from domain.errors import LoadTimeout
 from domain.messages import ChatRequest, UserMessage
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 SECRET_PROMPT = "the launch code is 0000"
 SECRET_ANSWER = "Paris is the answer"
@@ -22,6 +22,7 @@ def texts(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(f"{r.name} {r.levelname} {r.getMessage()}" for r in caplog.records)
 
 
+@pytest.mark.sync_only("builds no client")
 def test_the_library_is_silent_unless_the_daemon_configures_logging() -> None:
     handlers = logging.getLogger("inferpath").handlers
     assert any(isinstance(h, logging.NullHandler) for h in handlers)

@@ -50,6 +50,7 @@ from client_support import (
     SLOTS,
     chunk,
     client_for,
+    client_of,
     config_for,
     overridden,
     recorded,
@@ -70,7 +71,7 @@ from domain.messages import ChatRequest, ToolCall, ToolSchema
 from domain.request import RequestError
 from transcripts import MISSING, TRANSCRIPTS, Case, case_names, case_params, load_case, request_from
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 TOO_LONG = error_reply(
     400,
@@ -183,7 +184,7 @@ def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits
 
     with overridden() as make, pytest.raises(ConnectError, match="no such socket file"):
         overrides = {"clock": clock} if how == "fake clock" else {}
-        make(config_for(str(tmp_path / "missing.sock")), **overrides).client().chat_with_retry(REQ, events.append)
+        client_of(make(config_for(str(tmp_path / "missing.sock")), **overrides)).chat_with_retry(REQ, events.append)
 
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80), (4, 120)]
     assert len(events) == 3
@@ -200,7 +201,7 @@ def test_retries_never_wait_past_the_total_budget(tmp_path: Any) -> None:
     events: list[ChatEvent] = []
 
     with overridden() as make, pytest.raises(ConnectError):
-        make(config, clock=clock).client().chat_with_retry(REQ, events.append)
+        client_of(make(config, clock=clock)).chat_with_retry(REQ, events.append)
 
     # 50 + 80 = 130 ms waited; a third wait of 120 ms would end at 250 ms, past the 200 ms budget.
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80)]
@@ -213,7 +214,7 @@ def test_retry_waits_are_jittered_within_a_quarter_of_the_delay(tmp_path: Any) -
         clock = FakeClock()
         events: list[ChatEvent] = []
         with overridden() as make, pytest.raises(ConnectError):
-            make(config, clock=clock, rng=random.Random(seed)).client().chat_with_retry(REQ, events.append)
+            client_of(make(config, clock=clock, rng=random.Random(seed))).chat_with_retry(REQ, events.append)
         waits = [e.after_ms for e in events if isinstance(e, Retrying)]
         assert len(waits) == 3
         for wait, delay in zip(waits, (100, 200, 400), strict=True):
@@ -656,8 +657,7 @@ def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRe
         }
     )
     req, _ = request_from(inputs)
-    client: Client = Container(config=config).client()
-    return client, req
+    return client_of(Container(config=config)), req
 
 
 def _expected_completion(case: Case) -> Completion:

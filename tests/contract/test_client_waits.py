@@ -32,7 +32,6 @@ from adapters.fake_server import (
     sse_event,
     sse_reply,
 )
-from adapters.uds_http import HttpSlotProbe, UdsTransport
 from client_support import (
     ANSWER,
     ANSWER_COMPLETION,
@@ -43,15 +42,17 @@ from client_support import (
     SLOTS,
     chunk,
     client_for,
+    client_of,
     config_for,
     overridden,
+    probe_on,
     recorded,
 )
 from domain.completion import FinishReason
 from domain.errors import HttpError, LoadTimeout, Stalled, StreamClosedEarly, WaitTimeout
 from domain.events import ChatEvent, Content, Progress, Reasoning, Waiting
 
-pytestmark = pytest.mark.timeout(10)
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
 
 def answer_after_polls(server: FakeServer, polls: int, slots: Script, answer: Script) -> None:
@@ -125,8 +126,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tm
     overrides: dict[str, Any] = {}
     if how == "refused":
         refusing, path = _refusing_socket(str(tmp_path))
-        transport = UdsTransport(path, header_bytes=16384)
-        overrides["probe"] = HttpSlotProbe(transport, timeout=0.1, body_bytes=4 * 1024 * 1024)
+        overrides.update(probe_on(path, timeout=0.1, body_bytes=4 * 1024 * 1024))
     elif how == "503 loading":
         server.route(*SLOTS, loading())
     else:
@@ -134,7 +134,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(server: FakeServer, tm
     events: list[ChatEvent] = []
     try:
         with overridden() as make, pytest.raises(LoadTimeout, match="unavailable"):
-            make(config, **overrides).client().chat(REQ, events.append)
+            client_of(make(config, **overrides)).chat(REQ, events.append)
     finally:
         if refusing is not None:
             refusing.close()

@@ -3,7 +3,8 @@
 These are the brief's on-device tests: a capped thinking block, a stream that survives its proxy
 being SIGKILLed mid-stream and restarted, a busy-slot wait, a prompt over the context, the props /
 slots / tokenize answers, and a streamed answer equal to the server's own non-stream answer. They
-use slot 0 and never kill the llama-server itself.
+use slot 0 and never kill the llama-server itself. The capped thinking block and the killed proxy
+run over both clients (`client_kind`): the sync `Client` and the `AsyncClient`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from proxy import ProxyProcess
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
+from client_support import client_of
 from domain.completion import Completion, FinishReason
 from domain.errors import HttpError
 from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, ThinkingCapped, Waiting
@@ -51,7 +53,7 @@ def make_client(
             "sampling": SAMPLING,
         }
     )
-    return Container(config=config).client()
+    return client_of(Container(config=config))
 
 
 def nonstream_answer(server: llama.LlamaServer, client: Client, req: ChatRequest) -> dict[str, Any]:
@@ -119,6 +121,7 @@ def test_prompt_over_the_slot_context_is_http_400_with_the_servers_message(tools
     assert json.loads(info.value.body)["error"]["type"] == "exceed_context_size_error"
 
 
+@pytest.mark.usefixtures("client_kind")
 def test_runaway_thinking_is_capped_and_the_answer_completes(thinking_proxy: ProxyProcess) -> None:
     client = make_client(
         thinking_proxy.socket_path, max_tokens=160, limits={"thinking_cap": 12, "thinking_overrun": 64}
@@ -175,6 +178,7 @@ def test_a_second_request_on_a_busy_slot_waits_and_then_completes(thinking_proxy
     assert all(isinstance(e, Waiting) for e in events[:first_data])
 
 
+@pytest.mark.usefixtures("client_kind")
 def test_stream_survives_its_proxy_being_killed_mid_stream_and_restarted(
     tools_server: llama.LlamaServer, tools_proxy: ProxyProcess
 ) -> None:
