@@ -9,6 +9,7 @@ import pytest
 from domain.messages import (
     AssistantMessage,
     ChatRequest,
+    Sampling,
     SystemMessage,
     ToolCall,
     ToolMessage,
@@ -144,3 +145,51 @@ def test_parameters_nested_too_deeply_are_refused_not_crashed_on() -> None:
         nested = {"a": nested}
     req = with_tools(ToolSchema(name="f", description="d", parameters=nested))
     assert refusal(req) == "the request is nested too deeply to render as JSON"
+
+
+def sampled(sampling: Sampling) -> bytes:
+    return build_chat_body(
+        ChatRequest(slot=0, messages=[UserMessage("hi")], sampling=sampling), SETTINGS, total_slots=1
+    )
+
+
+def test_integer_sampling_settings_take_both_ends_of_their_range() -> None:
+    assert sampled(Sampling(top_k=0, seed=-1)).endswith(b'"top_k":0,"seed":-1}')
+    assert sampled(Sampling(top_k=2**31 - 1, seed=2**32 - 1)).endswith(b'"top_k":2147483647,"seed":4294967295}')
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        (Sampling(top_k=-1), "sampling.top_k must be from 0 to 2147483647, not -1"),
+        (Sampling(top_k=2**31), "sampling.top_k must be from 0 to 2147483647, not 2147483648"),
+        (Sampling(seed=-2), "sampling.seed must be from -1 to 4294967295, not -2"),
+        (Sampling(seed=2**32), "sampling.seed must be from -1 to 4294967295, not 4294967296"),
+    ],
+)
+def test_integer_sampling_settings_past_either_end_are_refused(sampling: Sampling, message: str) -> None:
+    with pytest.raises(RequestError) as caught:
+        sampled(sampling)
+    assert str(caught.value) == message
+
+
+def nested_lists(levels: int) -> object:
+    value: object = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_a_response_format_nested_in_lists_up_to_the_limit_is_sent_and_one_level_more_is_refused() -> None:
+    # The format object is level 0, so 63 lists inside it reach level 63, the deepest allowed.
+    fine = ChatRequest(slot=0, messages=[UserMessage("hi")], response_format={"type": "text", "a": nested_lists(63)})
+    assert b'"a":' + b"[" * 63 + b"1" + b"]" * 63 in build_chat_body(fine, SETTINGS, total_slots=1)
+    deep = ChatRequest(slot=0, messages=[UserMessage("hi")], response_format={"type": "text", "a": nested_lists(64)})
+    assert refusal(deep) == (
+        "response_format is nested more than 64 levels deep (at response_format.a" + "[0]" * 63 + ")"
+    )
+
+
+def test_a_bad_value_in_a_list_of_a_response_format_is_named_by_its_index() -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi")], response_format={"type": "text", "enum": [1, float("nan")]})
+    assert refusal(req) == "response_format.enum[1] must be a finite number, not nan"
