@@ -156,12 +156,12 @@ def client_stack(socket_path: str) -> Callable[[], Message]:
     def read_stream() -> Message:
         sink.clear()
         completion = client.chat(REQUEST, sink.append)
-        return _message_of(completion)
+        return message_of(completion)
 
     return read_stream
 
 
-def _message_of(completion: Completion) -> Message:
+def message_of(completion: Completion) -> Message:
     return Message(
         completion.content,
         completion.reasoning_content,
@@ -171,63 +171,85 @@ def _message_of(completion: Completion) -> Message:
     )
 
 
+OPENAI_EXTRA_BODY = {
+    "id_slot": 0,
+    "cache_prompt": True,
+    "return_progress": True,
+    "timings_per_token": True,
+    "reasoning_control": True,
+    "chat_template_kwargs": {"enable_thinking": True},
+}
+
+
+def openai_messages() -> list[Any]:
+    return [
+        {"role": "system", "content": REQUEST.messages[0].content},
+        {"role": "user", "content": REQUEST.messages[1].content},
+    ]
+
+
+class OpenAIAccumulator:
+    """The message of an openai-python stream, chunk by chunk (`add`), as `Message`: content,
+    reasoning, tool calls by index, finish reason and llama-server's timings."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, list[Any]] = {}
+        self.finish: str | None = None
+        self.timings: dict[str, Any] | None = None
+
+    def add(self, chunk: Any) -> None:
+        extra = chunk.model_extra or {}
+        if extra.get("timings") is not None:
+            self.timings = extra["timings"]
+        if not chunk.choices:
+            return
+        choice = chunk.choices[0]
+        delta = choice.delta
+        text = getattr(delta, "reasoning_content", None)
+        if text:
+            self.reasoning.append(text)
+        if delta.content:
+            self.content.append(delta.content)
+        for call in delta.tool_calls or ():
+            entry = self.calls.setdefault(call.index, [None, None, []])
+            if call.id:
+                entry[0] = call.id
+            if call.function is not None:
+                if call.function.name:
+                    entry[1] = call.function.name
+                if call.function.arguments:
+                    entry[2].append(call.function.arguments)
+        if choice.finish_reason is not None:
+            self.finish = choice.finish_reason
+
+    def message(self) -> Message:
+        return Message(
+            "".join(self.content) if self.content else None,
+            "".join(self.reasoning) if self.reasoning else None,
+            [(c[0] or "", c[1] or "", "".join(c[2])) for _, c in sorted(self.calls.items())],
+            self.finish,
+            int((self.timings or {}).get("predicted_n", 0)),
+        )
+
+
 def openai_stack(socket_path: str) -> Callable[[], Message]:
     import httpx
     import openai
 
     http = httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=TIMEOUT_S)
     client = openai.OpenAI(base_url="http://localhost/v1", api_key="none", http_client=http, max_retries=0)
-    messages: list[Any] = [
-        {"role": "system", "content": REQUEST.messages[0].content},
-        {"role": "user", "content": REQUEST.messages[1].content},
-    ]
-    extra_body = {
-        "id_slot": 0,
-        "cache_prompt": True,
-        "return_progress": True,
-        "timings_per_token": True,
-        "reasoning_control": True,
-        "chat_template_kwargs": {"enable_thinking": True},
-    }
+    messages = openai_messages()
 
     def read_stream() -> Message:
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: dict[int, list[Any]] = {}
-        finish: str | None = None
-        timings: dict[str, Any] | None = None
-        stream = client.chat.completions.create(model=MODEL, messages=messages, stream=True, extra_body=extra_body)
-        for chunk in stream:
-            extra = chunk.model_extra or {}
-            if extra.get("timings") is not None:
-                timings = extra["timings"]
-            if not chunk.choices:
-                continue
-            choice = chunk.choices[0]
-            delta = choice.delta
-            text = getattr(delta, "reasoning_content", None)
-            if text:
-                reasoning.append(text)
-            if delta.content:
-                content.append(delta.content)
-            for call in delta.tool_calls or ():
-                entry = calls.setdefault(call.index, [None, None, []])
-                if call.id:
-                    entry[0] = call.id
-                if call.function is not None:
-                    if call.function.name:
-                        entry[1] = call.function.name
-                    if call.function.arguments:
-                        entry[2].append(call.function.arguments)
-            if choice.finish_reason is not None:
-                finish = choice.finish_reason
-        return Message(
-            "".join(content) if content else None,
-            "".join(reasoning) if reasoning else None,
-            [(c[0] or "", c[1] or "", "".join(c[2])) for _, c in sorted(calls.items())],
-            finish,
-            int((timings or {}).get("predicted_n", 0)),
+        accumulated = OpenAIAccumulator()
+        stream = client.chat.completions.create(
+            model=MODEL, messages=messages, stream=True, extra_body=OPENAI_EXTRA_BODY
         )
+        for chunk in stream:
+            accumulated.add(chunk)
+        return accumulated.message()
 
     return read_stream
 

@@ -16,6 +16,7 @@ SUITES = [
     ("proxy vs socat vs direct TCP", "proxy_bench"),
     ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
     ("client CPU per chunk vs openai-python", "client_bench"),
+    ("async client vs sync client and AsyncOpenAI; 32 streams on one loop vs 32 threads", "async_bench"),
     ("end to end against the real llama-server", "e2e_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
 ]
