@@ -33,17 +33,15 @@ import threading
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
-import orjson
-
 from app.async_gate import AsyncSlotGate
+from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, tokenize_body
 from app.client import CLOSE_WAIT_S, EventSink
-from domain.cache import cache_outcome
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion, Timings
-from domain.errors import ClientClosed, HttpError, InferError, ProtocolError, RequestError
+from domain.errors import ClientClosed, HttpError, InferError
 from domain.events import ChatEvent, Progress, Queued, Retrying, Waiting
-from domain.fetch import FetchLimits, error_body_async, fetch_async
+from domain.fetch import error_body_async, fetch_async
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
 from domain.llama_api import (
@@ -64,7 +62,6 @@ from domain.llama_api import (
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, build_control_body, effective_max_tokens
 from domain.retry import RetryPolicy
-from domain.waiting import FirstByteWait
 from ports import AsyncClock, AsyncExchange, AsyncSlotProbe, AsyncTransport, ResponseHead, TimedOut
 
 __all__ = ["AsyncClient", "AsyncEventStream"]
@@ -133,9 +130,8 @@ class AsyncClient:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
-        liveness_s = limits.stream.liveness_ms / 1000.0
-        self._info = FetchLimits(limits.load_wait_ms / 1000.0, liveness_s, limits.body_bytes, limits.error_body_bytes)
-        self._control = FetchLimits(liveness_s, liveness_s, limits.body_bytes, limits.error_body_bytes)
+        self._info = info_limits(limits)
+        self._control = control_limits(limits)
         self._lock = threading.Lock()
         self._calls: set[_Call] = set()
         self._idle: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
@@ -310,14 +306,7 @@ class AsyncClient:
         limits = self._limits
         clock = self._clock
         sent = clock.now()
-        wait = FirstByteWait(
-            poll_ms=limits.poll_ms,
-            busy_wait_ms=limits.busy_wait_ms,
-            load_wait_ms=limits.load_wait_ms,
-            idle_grace_ms=limits.idle_grace_ms,
-            sent_at=sent,
-            slot=slot,
-        )
+        wait = first_byte_wait(limits, sent, slot)
         while True:
             head = await exchange.head(wait.timeout(clock.now()))
             if not isinstance(head, TimedOut):
@@ -335,9 +324,9 @@ class AsyncClient:
             deadline = self._clock.now() + limits.stream.liveness_ms / 1000.0
             kept = await error_body_async(exchange, self._clock, deadline, limits.error_body_bytes)
             raise HttpError(head.status, kept, limits.error_body_bytes)
-        kind = head.header("content-type")
-        if kind is not None and not kind.lower().startswith("text/event-stream"):
-            raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
+        error = not_a_stream(head)
+        if error is not None:
+            raise error
 
     async def _post_reasoning_end(self, completion_id: str) -> str | None:
         """Ask the server to end the thinking block on a second connection: None when it answers
@@ -350,21 +339,7 @@ class AsyncClient:
             return f"{type(exc).__name__}: {exc}"
 
     def _log_done(self, slot: int, completion: Completion) -> None:
-        t = completion.timings
-        log.debug(
-            "slot %d: %s, %d prompt tokens (%d cached), %d predicted, %d reasoning%s",
-            slot,
-            completion.finish_reason.value,
-            t.prompt_n + t.cache_n,
-            t.cache_n,
-            t.predicted_n,
-            completion.reasoning_tokens,
-            ", thinking capped" if completion.thinking_capped else "",
-        )
-        previous = self._last_timings.get(slot)
-        self._last_timings[slot] = t
-        if previous is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
+        log_done(log, self._last_timings, slot, completion)
 
     # -- info ---------------------------------------------------------------------------------
 
@@ -375,12 +350,7 @@ class AsyncClient:
         return parse_slots(await self._get(SLOTS_PATH))
 
     async def tokenize(self, text: str) -> list[Token]:
-        if type(text) is not str:
-            raise RequestError(f"tokenize takes text (a str), not {type(text).__name__}")
-        try:
-            body = orjson.dumps({"content": text, "with_pieces": True, "model": self._settings.model})
-        except orjson.JSONEncodeError as exc:
-            raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
+        body = tokenize_body(text, self._settings.model)
         return parse_tokens(await fetch_async(self._transport, self._clock, "POST", TOKENIZE_PATH, body, self._info))
 
     async def _get(self, path: str) -> bytes:

@@ -29,16 +29,14 @@ import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
 
-import orjson
-
+from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, tokenize_body
 from app.event_stream import ChatSteps, EventStream, drive
-from domain.cache import cache_outcome
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion, Timings
-from domain.errors import ClientClosed, HttpError, InferError, ProtocolError, RequestError
+from domain.errors import ClientClosed, HttpError, InferError
 from domain.events import ChatEvent, Progress, Queued, Retrying
-from domain.fetch import FetchLimits, error_body, fetch
+from domain.fetch import error_body, fetch
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
 from domain.llama_api import (
@@ -59,7 +57,6 @@ from domain.llama_api import (
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, build_control_body, effective_max_tokens
 from domain.retry import RetryPolicy
-from domain.waiting import FirstByteWait
 from ports import Clock, Exchange, ResponseHead, SlotProbe, TimedOut, Transport
 
 __all__ = ["Client", "EventSink", "EventStream", "Props", "SlotInfo", "Token"]
@@ -98,11 +95,8 @@ class Client:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
-        liveness_s = limits.stream.liveness_ms / 1000.0
-        # Info calls may meet a router loading the model; the control call is made while the
-        # stream is not read, so it gets the liveness limit.
-        self._info = FetchLimits(limits.load_wait_ms / 1000.0, liveness_s, limits.body_bytes, limits.error_body_bytes)
-        self._control = FetchLimits(liveness_s, liveness_s, limits.body_bytes, limits.error_body_bytes)
+        self._info = info_limits(limits)
+        self._control = control_limits(limits)
         self._calls_changed = threading.Condition()
         self._calls: set[CancelToken] = set()
         self._closed = False
@@ -221,11 +215,9 @@ class Client:
                 deadline = self._clock.now() + limits.stream.liveness_ms / 1000.0
                 kept = error_body(exchange, self._clock, deadline, limits.error_body_bytes)
                 raise HttpError(head.status, kept, limits.error_body_bytes)
-            kind = head.header("content-type")
-            if kind is not None and not kind.lower().startswith("text/event-stream"):
-                # A whole answer where a stream was asked for would read as a stream without its
-                # final chunk and be retried; it is a server that ignored `stream: true`.
-                raise ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
+            error = not_a_stream(head)
+            if error is not None:
+                raise error
             return (yield from self._pump(exchange, effective_max_tokens(req, self._settings), token))
         except InferError as exc:
             if token.cancelled:  # the abort broke the connection: say why
@@ -241,14 +233,7 @@ class Client:
         limits = self._limits
         clock = self._clock
         sent = clock.now()
-        wait = FirstByteWait(
-            poll_ms=limits.poll_ms,
-            busy_wait_ms=limits.busy_wait_ms,
-            load_wait_ms=limits.load_wait_ms,
-            idle_grace_ms=limits.idle_grace_ms,
-            sent_at=sent,
-            slot=slot,
-        )
+        wait = first_byte_wait(limits, sent, slot)
         while True:
             head = exchange.head(wait.timeout(clock.now()))
             if not isinstance(head, TimedOut):
@@ -299,21 +284,7 @@ class Client:
             return f"{type(exc).__name__}: {exc}"
 
     def _log_done(self, slot: int, completion: Completion) -> None:
-        t = completion.timings
-        log.debug(
-            "slot %d: %s, %d prompt tokens (%d cached), %d predicted, %d reasoning%s",
-            slot,
-            completion.finish_reason.value,
-            t.prompt_n + t.cache_n,
-            t.cache_n,
-            t.predicted_n,
-            completion.reasoning_tokens,
-            ", thinking capped" if completion.thinking_capped else "",
-        )
-        previous = self._last_timings.get(slot)
-        self._last_timings[slot] = t
-        if previous is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
+        log_done(log, self._last_timings, slot, completion)
 
     # -- info ---------------------------------------------------------------------------------
 
@@ -324,12 +295,7 @@ class Client:
         return parse_slots(self._get(SLOTS_PATH))
 
     def tokenize(self, text: str) -> list[Token]:
-        if type(text) is not str:
-            raise RequestError(f"tokenize takes text (a str), not {type(text).__name__}")
-        try:
-            body = orjson.dumps({"content": text, "with_pieces": True, "model": self._settings.model})
-        except orjson.JSONEncodeError as exc:
-            raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
+        body = tokenize_body(text, self._settings.model)
         return parse_tokens(fetch(self._transport, self._clock, "POST", TOKENIZE_PATH, body, self._info))
 
     def _get(self, path: str) -> bytes:
