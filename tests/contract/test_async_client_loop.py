@@ -3,7 +3,11 @@ a loop in debug mode, which logs every callback or task step that holds the loop
 `slow_callback_duration` ("Executing <Task ...> took 0.031 seconds").
 
 The fake server runs in a process of its own (its command line), so that its threads never hold
-this process's GIL while a step of the loop is being timed.
+this process's GIL while a step of the loop is being timed. The step is timed on the wall clock,
+so on a loaded machine another process taking the CPU in the middle of a short step looks the
+same as a step that blocked. A step that blocks does so on every run, a step that was preempted
+does not: the scenario runs up to three times and must come out clean once; the failure lists
+the slow steps of every run.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def socket_path(tmp_path: Path) -> Iterator[str]:
 
 
 def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog: pytest.LogCaptureFixture) -> None:
-    aio = Container(config=config_for(socket_path, liveness_ms=2000)).async_client()
     reqs = [ChatRequest(slot=n % 2, messages=(UserMessage(f"story {n}"),)) for n in range(6)]
+    answer = "".join(f" w{n}" for n in range(1, WORDS + 1))
 
     async def run() -> list[Any]:
+        aio = Container(config=config_for(socket_path, liveness_ms=2000)).async_client()
         loop = asyncio.get_running_loop()
         await aio.chat(reqs[0], lambda event: None)  # first-use costs (imports, caches) unwatched
         loop.set_debug(True)
@@ -64,11 +69,15 @@ def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog:
         streams = [aio.chat(req, lambda event: None) for req in reqs]
         return [*await asyncio.gather(*streams), await aio.slots()]
 
-    with caplog.at_level("WARNING", logger="asyncio"):
-        results = asyncio.run(run())
-
-    answer = "".join(f" w{n}" for n in range(1, WORDS + 1))
-    assert [c.content for c in results[:6]] == [answer] * 6
-    assert [s.is_processing for s in results[6]] == [False, False]
-    slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
-    assert slow == []
+    slow_runs: list[list[str]] = []
+    for _ in range(3):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="asyncio"):
+            results = asyncio.run(run())
+        assert [c.content for c in results[:6]] == [answer] * 6
+        assert [s.is_processing for s in results[6]] == [False, False]
+        slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
+        if not slow:
+            return
+        slow_runs.append(slow)
+    pytest.fail(f"every run had a step that held the loop over 20 ms: {slow_runs}")
