@@ -16,6 +16,7 @@ import pytest
 from adapters.fake_server import End, FakeServer, Piece, Raw, RouteItem, json_reply, silence, sse_reply
 from adapters.system import SystemClock
 from adapters.uds_http.aio import AsyncUdsTransport
+from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
 from domain.errors import InferError
 from domain.fetch import FetchLimits, fetch, fetch_async
@@ -144,3 +145,26 @@ async def test_cancelling_a_read_closes_the_connection_when_the_owner_closes(ser
     assert request.client_closed.wait(1.0)
     with pytest.raises(InferError, match="exchange already closed"):
         await exchange.read(0.1)
+
+
+SLOTS_ANSWERS: dict[str, RouteItem] = {
+    "busy": json_reply([{"id": 0, "is_processing": True}]),
+    "idle": json_reply([{"id": 0, "is_processing": False}]),
+    "loading": json_reply({"error": {"code": 503, "message": "Loading model"}}, 503),
+    "silent": silence(),
+    "malformed": Raw([Piece(0.0, HEAD + b"Content-Length: 3\r\n\r\n[{]")]),
+    "no-entry": json_reply([{"id": 1, "is_processing": True}]),
+}
+
+
+@pytest.mark.parametrize("answer", SLOTS_ANSWERS.values(), ids=SLOTS_ANSWERS.keys())
+async def test_the_async_slot_probe_answers_as_the_blocking_one(server: FakeServer, answer: RouteItem) -> None:
+    server.route("GET", "/slots", answer)
+    blocking = HttpSlotProbe(UdsTransport(server.socket_path, header_bytes=HEADER_BYTES), timeout=0.1, body_bytes=1024)
+    aio = AsyncHttpSlotProbe(
+        AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES), timeout=0.1, body_bytes=1024
+    )
+
+    assert await aio.state(0) is blocking.state(0)
+    first, second = server.requests
+    assert (first.target, first.headers) == (second.target, second.headers)
