@@ -194,8 +194,7 @@ class AsyncClient:
 
     # -- one call: its bookkeeping ------------------------------------------------------------
 
-    def _begin(self, cancel: CancelToken | None) -> _Call:
-        call = _Call(CancelToken(), asyncio.get_running_loop())
+    def _begin(self, call: _Call, cancel: CancelToken | None) -> None:
         with self._lock:
             if self._closed:
                 raise ClientClosed("the client is closed")
@@ -203,7 +202,6 @@ class AsyncClient:
         if cancel is not None:
             call.unlink.append(cancel.on_cancel(lambda: call.token.cancel(cancel.error())))
         call.unlink.append(call.token.on_cancel(call.on_cancel))
-        return call
 
     def _end(self, call: _Call) -> None:
         for unlink in call.unlink:
@@ -220,44 +218,61 @@ class AsyncClient:
 
     # -- one call: its steps ------------------------------------------------------------------
 
-    async def _steps(self, req: ChatRequest, retry: bool) -> AsyncGenerator[Step, None]:
-        """The events of one call, then its `Completion`: attempts through the gate, retried."""
-        gate = self._gate
-        started = self._clock.now()
-        body: bytes | None = None
-        attempt = 1
-        while True:
-            try:
-                if body is None:
-                    body = await self.render(req)
-                ticket = gate.enter(req.slot)
+    async def _steps(
+        self, req: ChatRequest, retry: bool, call: _Call, cancel: CancelToken | None
+    ) -> AsyncGenerator[Step, None]:
+        """The events of one call, then its `Completion`: attempts through the gate, retried.
+
+        The call is registered with the client (for `aclose()`) while this runs, and forgotten in
+        its `finally`, which runs however it ends: `aclose()`, an error, a cancellation, or a
+        stream dropped without `aclose()` (the loop's async-generator finaliser closes it)."""
+        self._begin(call, cancel)  # ClientClosed: nothing is sent
+        try:
+            call.token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
+            gate = self._gate
+            started = self._clock.now()
+            body: bytes | None = None
+            attempt = 1
+            while True:
                 try:
-                    ahead = ticket.ahead
-                    while ahead:
-                        log.debug("slot %d: queued, %d ahead", req.slot, ahead)
-                        yield Queued(ahead)
-                        ahead = await gate.wait(ticket)
-                    async with contextlib.aclosing(self._attempt(req, body)) as steps:
-                        async for step in steps:
-                            if isinstance(step, Completion):
-                                self._log_done(req.slot, step)
-                            yield step
-                    return
-                finally:
-                    gate.leave(ticket)
-            except InferError as error:
-                if not retry:
-                    raise
-                decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
-                if not decision.retry:
-                    raise
-                attempt = decision.attempt
-                reason = f"{type(error).__name__}: {error}"
-                log.warning(
-                    "slot %d: retrying as attempt %d in %d ms after %s", req.slot, attempt, decision.after_ms, reason
-                )
-                yield Retrying(attempt=attempt, after_ms=decision.after_ms, error=reason)
-                await self._clock.sleep_async(decision.after_ms / 1000.0)
+                    if body is None:
+                        body = await self.render(req)
+                    ticket = gate.enter(req.slot)
+                    try:
+                        ahead = ticket.ahead
+                        while ahead:
+                            log.debug("slot %d: queued, %d ahead", req.slot, ahead)
+                            yield Queued(ahead)
+                            ahead = await gate.wait(ticket)
+                        call.token.raise_if_cancelled()
+                        async with contextlib.aclosing(self._attempt(req, body)) as steps:
+                            async for step in steps:
+                                if isinstance(step, Completion):
+                                    self._log_done(req.slot, step)
+                                yield step
+                        return
+                    finally:
+                        gate.leave(ticket)
+                except InferError as error:
+                    if not retry:
+                        raise
+                    retrying = self._retrying(req.slot, attempt, error, started)
+                    attempt = retrying.attempt
+                    yield retrying
+                    await self._clock.sleep_async(retrying.after_ms / 1000.0)
+        finally:
+            self._end(call)
+
+    def _retrying(self, slot: int, attempt: int, error: InferError, started: float) -> Retrying:
+        """The event announcing the next attempt after `attempt` failed, or `error` raised."""
+        decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
+        if not decision.retry:
+            raise error
+        reason = f"{type(error).__name__}: {error}"
+        log.warning(
+            "slot %d: retrying as attempt %d in %d ms after %s", slot, decision.attempt, decision.after_ms, reason
+        )
+        return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=reason)
 
     async def _attempt(self, req: ChatRequest, body: bytes) -> AsyncGenerator[Step, None]:
         """One request: open + send, the head (with its polls), then the stream to its end."""
@@ -398,8 +413,8 @@ class AsyncEventStream:
             raise StopAsyncIteration
         call, steps = self._call, self._steps
         if call is None or steps is None:
-            call = self._call = self._client._begin(self._cancel)  # ClientClosed: nothing is sent
-            steps = self._steps = self._client._steps(self._req, self._retry)
+            call = self._call = _Call(CancelToken(), asyncio.get_running_loop())
+            steps = self._steps = self._client._steps(self._req, self._retry, call, self._cancel)
         if call.token.cancelled:  # cancelled while the consumer ran its own code
             await self.aclose()
             raise call.token.error()
@@ -434,9 +449,5 @@ class AsyncEventStream:
         if self._over:
             return
         self._over = True
-        try:
-            if self._steps is not None:
-                await self._steps.aclose()
-        finally:
-            if self._call is not None:
-                self._client._end(self._call)
+        if self._steps is not None:
+            await self._steps.aclose()  # its `finally` closes, gives the slot back, forgets the call
