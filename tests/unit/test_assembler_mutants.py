@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from domain.assembler import Assembler
+from domain.completion import Timings
 from domain.errors import ProtocolError
 from domain.messages import ToolCall
 
@@ -68,3 +69,20 @@ def test_a_progress_count_that_is_not_an_integer_is_named_by_its_path(field: str
     with pytest.raises(ProtocolError) as caught:
         Assembler().feed({"prompt_progress": progress})
     assert str(caught.value) == f"prompt_progress.{field} is '7', not an integer"
+
+
+def test_timings_missing_a_count_read_it_as_zero() -> None:
+    assembler = Assembler()
+    assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {"predicted_n": 2}})
+    assert assembler.timings == Timings(cache_n=0, prompt_n=0, predicted_n=2)
+
+
+def test_a_stream_without_ids_gives_empty_ids_and_is_not_thinking_capped_unless_told() -> None:
+    assembler = Assembler()
+    assembler.feed(call_delta(function={"name": "get_time", "arguments": "{}"}) | {"id": None})
+    assembler.feed(FINAL)
+    completion = assembler.result()
+    assert completion.id == ""
+    assert completion.tool_calls == (ToolCall("", "get_time", "{}"),)
+    assert completion.thinking_capped is False
+    assert assembler.result(thinking_capped=True).thinking_capped is True

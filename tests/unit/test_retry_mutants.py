@@ -37,3 +37,27 @@ def test_attempt_zero_is_refused_with_the_number_it_got() -> None:
 def test_a_zero_delay_retries_at_once() -> None:
     decision = policy(attempts=2, delays_ms=(0,)).decide(1, ConnectError("refused"), 10)
     assert decision == RetryDecision(True, attempt=2, after_ms=0)
+
+
+def schedule(**changes: object) -> dict[str, object]:
+    return {"attempts": 4, "delays_ms": (2000,), "jitter": 0.25, "total_ms": 300_000, **changes}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"attempts": 0}, "attempts must be at least 1, not 0"),
+        ({"delays_ms": ()}, "delays_ms needs at least one delay when attempts > 1"),
+        ({"delays_ms": (10, -1)}, "delays_ms must not be negative: (10, -1)"),
+        ({"jitter": 1.0}, "jitter must be in [0, 1), not 1.0"),
+        ({"total_ms": 0}, "total_ms must be positive, not 0"),
+    ],
+)
+def test_a_schedule_that_cannot_work_is_refused_saying_why(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        RetryPolicy(**schedule(**changes))  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_a_budget_of_one_millisecond_is_taken() -> None:
+    assert RetryPolicy(**schedule(total_ms=1)).total_ms == 1  # type: ignore[arg-type]

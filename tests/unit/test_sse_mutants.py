@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from domain.errors import HttpError, ProtocolError
-from domain.sse import SSE_DONE, SseData, SseDecoder
+from domain.sse import SSE_DONE, SseData, SseDecoder, parse_chunk
 
 
 def test_an_error_field_without_a_space_after_the_colon_keeps_its_whole_json() -> None:
@@ -73,3 +73,17 @@ def test_a_failure_after_events_is_raised_once_then_called_already_failed() -> N
     with pytest.raises(ProtocolError) as second:
         decoder.feed(b"data: {}\n\n")
     assert str(second.value) == f"SSE stream already failed: {first.value}"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ("{" + "x" * 199, "SSE data is not valid JSON"),
+        ("[" + "1," * 99 + "1]", "SSE data is JSON but not an object"),
+    ],
+)
+def test_data_that_is_not_a_json_object_is_quoted_up_to_120_characters(data: str, message: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_chunk(data)
+    assert str(caught.value).startswith(message)
+    assert str(caught.value).endswith(f": {data[:120]!r}")
