@@ -17,6 +17,7 @@ SUITES = [
     ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
     ("client CPU per chunk vs openai-python", "client_bench"),
     ("async client vs sync client and AsyncOpenAI; 32 streams on one loop vs 32 threads", "async_bench"),
+    ("asyncio reads of small chunks: loop.sock_recv vs streams", "aio_read_bench"),
     ("end to end against the real llama-server", "e2e_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
 ]
