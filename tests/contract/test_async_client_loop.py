@@ -81,3 +81,54 @@ def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog:
             return
         slow_runs.append(slow)
     pytest.fail(f"every run had a step that held the loop over 20 ms: {slow_runs}")
+
+
+@pytest.fixture
+def fast_socket_path(tmp_path: Path) -> Iterator[str]:
+    """A fake server in its own process, writing a 3000-token answer as fast as it can."""
+    pieces = [chunk({"content": f" w{n}"}, n=n) for n in range(1, 3001)]
+    wire = on_wire(sse_reply([*pieces, chunk(finish="stop", n=3000)]))
+    raw = tmp_path / "response.raw"
+    raw.write_bytes(b"".join(data for _, data in wire.writes))
+    path = str(tmp_path / "llama.sock")
+    command = [sys.executable, "-m", "adapters.fake_server", "--socket", path, "--transcript", str(raw)]
+    command += ["--piece-bytes", "65536"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("serving"), line
+        yield path
+    finally:
+        proc.terminate()
+        proc.wait(5.0)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_answers_that_arrive_faster_than_they_are_parsed_never_block_the_loop(
+    fast_socket_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Bytes are always there to read: each read lets the loop run, so no step parses more than
+    # one read's worth (64 KiB) of the answer.
+    reqs = [ChatRequest(slot=n % 2, messages=(UserMessage(f"story {n}"),)) for n in range(4)]
+
+    async def run() -> list[Any]:
+        aio = Container(config=config_for(fast_socket_path, liveness_ms=2000)).async_client()
+        loop = asyncio.get_running_loop()
+        await aio.chat(reqs[0], lambda event: None)
+        loop.set_debug(True)
+        loop.slow_callback_duration = 0.02
+        return await asyncio.gather(*(aio.chat(req, lambda event: None) for req in reqs))
+
+    slow_runs: list[list[str]] = []
+    for _ in range(3):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="asyncio"):
+            results = asyncio.run(run())
+        assert [c.timings.predicted_n for c in results] == [3000] * 4
+        slow = [r.getMessage() for r in caplog.records if r.name == "asyncio" and "took" in r.getMessage()]
+        if not slow:
+            return
+        slow_runs.append(slow)
+    pytest.fail(f"every run had a step that held the loop over 20 ms: {slow_runs}")

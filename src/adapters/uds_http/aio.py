@@ -9,7 +9,9 @@ cancelled task's `finally` ends the connection without awaiting anything.
 
 Invariants:
 - Nothing blocks the loop: connecting a Unix socket never waits (a full accept backlog fails at
-  once, as it does for the blocking transport), every wait is an `await` with a deadline.
+  once, as it does for the blocking transport), every wait is an `await` with a deadline, and a
+  read that finds bytes already there still lets the loop run once, so a fast sender never
+  keeps one task running for more than one read's worth of parsing.
 - A timeout hands nothing over: the parser is as it was, the next read continues.
 - Cancelling the awaiting task raises `asyncio.CancelledError` out of `head`, `read` or `open`;
   `open` closes its socket first, and the exchange's owner calls `close()`, which takes the
@@ -55,10 +57,15 @@ class AsyncSocketStream:
 
     async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
         try:
-            return self._sock.recv(max_bytes)  # bytes already there: no future, no timer
+            data = self._sock.recv(max_bytes)  # bytes already there: no future, no timer
         except (BlockingIOError, InterruptedError):
             if timeout <= 0.0:
                 return TIMED_OUT
+        else:
+            # The reader is behind a fast sender: let the loop run once per read, so a long
+            # answer is parsed in steps of one read each and never holds the loop for long.
+            await asyncio.sleep(0)
+            return data
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
