@@ -11,9 +11,9 @@ Invariants (all under one lock; slots are independent):
   a smaller value. It says where the waiter is when it looks: a place it slept through (its
   callback was slow, the thread was not scheduled) is not replayed, and getting the slot is not
   announced (the caller's next step is).
-- Callbacks run outside the lock. If one raises while its caller waits (or the wait is
-  interrupted), the waiter leaves the queue, or releases the slot if it was handed over
-  meanwhile, and the exception propagates: no waiter and no slot is ever leaked.
+- Event callbacks (`on_event`) run outside the lock. If one raises while its caller waits (or
+  the wait is interrupted), the waiter leaves the queue, or releases the slot if it was handed
+  over meanwhile, and the exception propagates: no waiter and no slot is ever leaked.
 - The holder releases on every way out of the `with` block.
 - A waiter that cannot block a thread (an asyncio task) is woken instead: `watch(ticket, wake)`
   makes every change of its slot (a release, a waiter leaving) call `wake()` under the lock, and
