@@ -24,7 +24,7 @@ from adapters.fake_server import (
 from adapters.fake_server.script import JSON_HEADERS, Piece, RouteSpec
 from app.client import Client
 from app.config import parse_config
-from client_support import CHAT, CONTROL, EXPECT, overridden
+from client_support import CHAT, CONTROL, EXPECT, PROPS, overridden
 from client_support import chunk as stream_chunk
 from domain.cache import cache_outcome
 from domain.cancel import CancelToken
@@ -285,3 +285,27 @@ def test_a_call_cancelled_while_queued_leaves_the_queue_at_once(
         release.set()
         holder.join(JOIN_S)
     assert not holder.is_alive()
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_a_call_cancelled_before_the_slot_count_is_known_asks_nothing_and_raises_the_cancels_error(
+    client_for: Callable[..., Any], retry: bool
+) -> None:
+    client, transport = client_for({CHAT: sse_reply(ANSWER)}, expect=None)  # the slot count comes from /props
+    token = CancelToken()
+    token.cancel(Cancelled("the daemon is shutting down"))
+    call = client.chat_with_retry if retry else client.chat
+    with pytest.raises(Cancelled) as caught:
+        call(REQ, lambda event: None, token)
+    assert str(caught.value) == "the daemon is shutting down"
+    assert transport.requests == []
+
+
+def test_an_info_call_waits_load_wait_ms_for_the_head_and_the_liveness_limit_for_the_body(
+    client_for: Callable[..., Any],
+) -> None:
+    props = {"chat_template": "t", "total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+    # The head comes 179.9 s after the request (load_wait_ms 180 s), the body 29.99 s after the head
+    # (liveness_ms 30 s): both just inside their limits.
+    client, _ = client_for({PROPS: json_reply(props, head_delay_s=179.9, delay_s=29.99)})
+    assert client.props().total_slots == 2
