@@ -22,10 +22,9 @@ Concurrent: 32 streams of the synthetic stream at once, each on a slot of its ow
 no call queues behind another: `asyncio.gather` of 32 `AsyncClient.chat` calls on one event loop,
 against 32 threads (a pool started once) each running one `Client.chat`. Each round runs both, in
 turn; the figures are medians over the rounds of the wall time until the last stream ended and
-the CPU of this whole process (`time.process_time`; the server runs in another). The fake server
-sends each stream as fast as the socket takes it, so a task finds its bytes already there and
-reads on without giving the loop back: the 32 streams on one loop run largely one after another,
-on one core, while the 32 threads take what CPU the machine has to spare.
+the CPU of this whole process (`time.process_time`; the server runs in another). The loop is one
+thread, on one core at most; the 32 threads take whatever the machine has to spare, so on a busy
+machine the wall figure leans towards the threads more than the CPU figure does.
 
 Run: `.venv/bin/python bench/async_bench.py [--quick]`. `run(quick)` returns (name, value) rows
 for a combined table. Not a test: nothing here asserts.
