@@ -10,7 +10,7 @@ import pytest
 
 from domain.assembler import Assembler
 from domain.completion import Timings
-from domain.errors import ProtocolError
+from domain.errors import HttpError, ProtocolError
 from domain.messages import ToolCall
 
 
@@ -86,3 +86,46 @@ def test_a_stream_without_ids_gives_empty_ids_and_is_not_thinking_capped_unless_
     assert completion.tool_calls == (ToolCall("", "get_time", "{}"),)
     assert completion.thinking_capped is False
     assert assembler.result(thinking_capped=True).thinking_capped is True
+
+
+def test_a_fresh_assembler_is_not_reasoning_not_finished_and_has_not_advanced() -> None:
+    assembler = Assembler()
+    assert (assembler.in_reasoning, assembler.finished, assembler.advanced) == (False, False, False)
+
+
+def reasoning_chunk() -> dict[str, Any]:
+    return {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": {"reasoning_content": "hm"}}]}
+
+
+def test_a_tool_call_or_the_final_chunk_ends_the_thinking_block() -> None:
+    assembler = Assembler()
+    assembler.feed(reasoning_chunk())
+    assert assembler.in_reasoning is True
+    assembler.feed(call_delta(id="call_1", function={"name": "f"}))
+    assert assembler.in_reasoning is False
+    assembler.feed(reasoning_chunk())
+    assembler.feed(FINAL)
+    assert assembler.in_reasoning is False
+
+
+def test_an_error_chunk_is_kept_as_compact_utf8_json() -> None:
+    with pytest.raises(HttpError) as caught:
+        Assembler().feed({"error": {"code": 500, "message": "café down"}})
+    assert caught.value.status == 500
+    assert caught.value.body == '{"error":{"code":500,"message":"café down"}}'
+
+
+@pytest.mark.parametrize("first_id", ["", 5, None])
+def test_only_a_non_empty_text_id_is_taken_as_the_completion_id(first_id: object) -> None:
+    assembler = Assembler()
+    assembler.feed({"id": first_id, "choices": []})
+    assembler.feed({"id": "chatcmpl-2", "choices": []})
+    assert assembler.completion_id == "chatcmpl-2"
+
+
+def test_a_malformed_chunk_is_quoted_up_to_200_characters() -> None:
+    chunk = {"choices": [{"index": 0, "delta": "x" * 300}]}
+    with pytest.raises(ProtocolError) as caught:
+        Assembler().feed(chunk)
+    assert str(caught.value).startswith("malformed chunk 1: AttributeError(")
+    assert str(caught.value).endswith(": " + str(chunk)[:200])

@@ -87,3 +87,32 @@ def test_data_that_is_not_a_json_object_is_quoted_up_to_120_characters(data: str
         parse_chunk(data)
     assert str(caught.value).startswith(message)
     assert str(caught.value).endswith(f": {data[:120]!r}")
+
+
+@pytest.mark.parametrize("data", [b'data: {"a":1}\nd', b"data: a\nb\n"])
+def test_a_feed_that_only_looks_like_one_whole_event_dispatches_nothing(data: bytes) -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: {}\n\n") == [SseData("{}")]  # whole events so far: the fast path is open
+    assert decoder.feed(data) == []
+
+
+def test_event_data_of_exactly_the_limit_is_taken_in_every_event() -> None:
+    decoder = SseDecoder(max_line=10)
+    event = b"data:01234\ndata:56789\n\n"  # 10 bytes of data, each line 10 bytes
+    assert decoder.feed(event) == [SseData("01234\n56789")]
+    assert decoder.feed(event) == [SseData("01234\n56789")]
+
+
+def test_event_data_over_the_limit_is_refused_saying_so() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        SseDecoder(max_line=10).feed(b"data:0123\ndata:4567\ndata:89ab\n\n")
+    assert str(caught.value) == "SSE event data over 10 bytes"
+
+
+@pytest.mark.parametrize(("line", "what"), [(b"data: ", "data"), (b":", "comment")])
+def test_text_that_is_not_utf8_is_quoted_with_8_bytes_either_side(line: bytes, what: str) -> None:
+    raw = b"a" * 20 + b"\xff" + b"b" * 20
+    with pytest.raises(ProtocolError) as caught:
+        SseDecoder().feed(line + raw + b"\n\n")
+    around = b"a" * 8 + b"\xff" + b"b" * 8
+    assert str(caught.value) == f"SSE {what} is not valid UTF-8 at byte 20: {around!r}"
