@@ -34,7 +34,7 @@ from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
 from app.async_gate import AsyncSlotGate
-from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, tokenize_body
+from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, retrying, tokenize_body
 from app.client import CLOSE_WAIT_S, EventSink
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
@@ -265,14 +265,10 @@ class AsyncClient:
 
     def _retrying(self, slot: int, attempt: int, error: InferError, started: float) -> Retrying:
         """The event announcing the next attempt after `attempt` failed, or `error` raised."""
-        decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
-        if not decision.retry:
+        event = retrying(log, self._retry, slot, attempt, error, (self._clock.now() - started) * 1000.0)
+        if event is None:
             raise error
-        reason = f"{type(error).__name__}: {error}"
-        log.warning(
-            "slot %d: retrying as attempt %d in %d ms after %s", slot, decision.attempt, decision.after_ms, reason
-        )
-        return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=reason)
+        return event
 
     async def _attempt(self, req: ChatRequest, body: bytes) -> AsyncGenerator[Step, None]:
         """One request: open + send, the head (with its polls), then the stream to its end."""

@@ -13,14 +13,24 @@ import orjson
 
 from domain.cache import cache_outcome
 from domain.completion import Completion, Timings
-from domain.errors import ProtocolError, RequestError
+from domain.errors import InferError, ProtocolError, RequestError
+from domain.events import Retrying
 from domain.fetch import FetchLimits
 from domain.limits import ClientLimits
 from domain.llama_api import CHAT_PATH
+from domain.retry import RetryPolicy
 from domain.waiting import FirstByteWait
 from ports.transport import ResponseHead
 
-__all__ = ["control_limits", "first_byte_wait", "info_limits", "log_done", "not_a_stream", "tokenize_body"]
+__all__ = [
+    "control_limits",
+    "first_byte_wait",
+    "info_limits",
+    "log_done",
+    "not_a_stream",
+    "retrying",
+    "tokenize_body",
+]
 
 
 def info_limits(limits: ClientLimits) -> FetchLimits:
@@ -62,6 +72,29 @@ def tokenize_body(text: object, model: str | None) -> bytes:
         return orjson.dumps({"content": text, "with_pieces": True, "model": model})
     except orjson.JSONEncodeError as exc:
         raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
+
+
+def retrying(
+    log: logging.Logger, policy: RetryPolicy, slot: int, attempt: int, error: InferError, elapsed_ms: float
+) -> Retrying | None:
+    """The `Retrying` event after attempt number `attempt` failed with `error` (logged at
+    WARNING with how long the retries may still wait), or None when it is not retried."""
+    decision = policy.decide(attempt, error, elapsed_ms)
+    if not decision.retry:
+        return None
+    reason = f"{type(error).__name__}: {error}"
+    left_ms = policy.waits_left_ms(decision.attempt, elapsed_ms)
+    log.warning(
+        "slot %d: retrying as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
+        slot,
+        decision.attempt,
+        decision.after_ms,
+        reason,
+        decision.attempt,
+        policy.attempts,
+        left_ms,
+    )
+    return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=reason)
 
 
 def log_done(log: logging.Logger, last_timings: dict[int, Timings], slot: int, completion: Completion) -> None:

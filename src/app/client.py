@@ -29,13 +29,13 @@ import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
 
-from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, tokenize_body
+from app.call_parts import control_limits, first_byte_wait, info_limits, log_done, not_a_stream, retrying, tokenize_body
 from app.event_stream import ChatSteps, EventStream, drive
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion, Timings
 from domain.errors import ClientClosed, HttpError, InferError
-from domain.events import ChatEvent, Progress, Queued, Retrying
+from domain.events import ChatEvent, Progress, Queued
 from domain.fetch import error_body, fetch
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -179,16 +179,12 @@ class Client:
                     body = self.render(req, token)
                 return (yield from self._gated(req, body, token))
             except InferError as error:
-                decision = self._retry.decide(attempt, error, (self._clock.now() - started) * 1000.0)
-                if not decision.retry:
+                event = retrying(log, self._retry, req.slot, attempt, error, (self._clock.now() - started) * 1000.0)
+                if event is None:
                     raise
-                attempt = decision.attempt
-                reason = f"{type(error).__name__}: {error}"
-                log.warning(
-                    "slot %d: retrying as attempt %d in %d ms after %s", req.slot, attempt, decision.after_ms, reason
-                )
-                yield Retrying(attempt=attempt, after_ms=decision.after_ms, error=reason)
-                self._clock.sleep(decision.after_ms / 1000.0, token.event)
+                attempt = event.attempt
+                yield event
+                self._clock.sleep(event.after_ms / 1000.0, token.event)
                 token.raise_if_cancelled()
 
     def _gated(self, req: ChatRequest, body: bytes, token: CancelToken) -> ChatSteps:

@@ -36,7 +36,7 @@ from app.config import Config, ConfigError, load_config
 from app.container import Container
 from domain.cache import cache_outcome
 from domain.completion import Completion, FinishReason
-from domain.errors import ConnectError, InferError, LoadTimeout
+from domain.errors import ConnectError, InferError, LoadTimeout, StreamClosedEarly
 from domain.events import ChatEvent
 from domain.llama_api import Props
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, ToolSchema, UserMessage
@@ -234,7 +234,10 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
                 result = check(client, config)
             except Exception as exc:  # every failure is a FAIL line, never a traceback
                 result = CheckResult(name, False, describe_error(exc))
-                if isinstance(exc, ConnectError | LoadTimeout):
+                # Still failing after every retry: the server is not serving (a proxy in front of
+                # a stopped server closes each connection before any byte), so the next checks
+                # would only wait out the same retries.
+                if isinstance(exc, ConnectError | LoadTimeout | StreamClosedEarly):
                     unreachable = f"the server is unreachable ({type(exc).__name__})"
         report.results.append(result)
         emit(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {_one_line(result.detail)}")

@@ -106,3 +106,10 @@ class RetryPolicy:
                 ),
             )
         return RetryDecision(True, attempt=attempt + 1, after_ms=after_ms)
+
+    def waits_left_ms(self, attempt: int, elapsed_ms: float) -> int:
+        """The longest the retries can still wait in all, before attempt number `attempt` is
+        made: every remaining delay at its largest jitter, never past `total_ms`."""
+        gaps = range(attempt - 1, self.attempts)
+        longest = sum(self.delays_ms[min(gap - 1, len(self.delays_ms) - 1)] for gap in gaps if gap >= 1)
+        return max(0, min(round(longest * (1.0 + self.jitter)), round(self.total_ms - elapsed_ms)))

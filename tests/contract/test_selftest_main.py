@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, RecordedRequest, error_reply, json_reply, sse_reply
+from adapters.fake_server import End, FakeServer, Raw, RecordedRequest, error_reply, json_reply, sse_reply
 from adapters.fake_server.script import Script
 from app import selftest
 from client_support import CHAT, PROPS, ROLE, chunk, recorded
@@ -161,3 +161,24 @@ def test_main_without_expect_exits_2_before_connecting(
     assert len(lines) == 1
     assert lines[0].startswith("FAIL config: ") and "needs an [expect] section" in lines[0]
     assert server.requests == []
+
+
+def test_main_against_a_proxy_whose_server_is_down_stops_after_the_first_failed_check(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A proxy in front of a stopped server accepts and closes every connection before any byte:
+    # once a check has failed that way through all its retries, the others are not run.
+    server.route(*PROPS, Raw((), End.CLOSE))
+    server.route(*CHAT, Raw((), End.CLOSE))
+
+    code, lines, seconds = run_main(config_file(tmp_path, server.socket_path), capsys)
+
+    assert code == 1
+    assert lines[0].startswith("FAIL props: StreamClosedEarly: ")
+    assert "the server behind the socket is down or restarting" in lines[0]
+    assert lines[1:3] == [
+        "FAIL tool call: not run: the server is unreachable (StreamClosedEarly)",
+        "FAIL cache: not run: the server is unreachable (StreamClosedEarly)",
+    ]
+    assert len(recorded(server, CHAT)) == 0
+    assert seconds < 1.0

@@ -246,3 +246,15 @@ def test_only_a_wait_that_is_considered_draws_from_the_random_source() -> None:
     assert p.rng.calls == []  # type: ignore[attr-defined]
     p.decide(1, Stalled("s"), 0)
     assert p.rng.calls == [(-0.25, 0.25)]  # type: ignore[attr-defined]
+
+
+def test_waits_left_are_every_remaining_delay_at_its_largest_jitter_within_the_budget() -> None:
+    p = policy()
+    # Before attempt 2 every wait is still ahead: (2000 + 8000 + 30000) * 1.25.
+    assert p.waits_left_ms(2, 0.0) == 50_000
+    assert p.waits_left_ms(3, 0.0) == 47_500
+    assert p.waits_left_ms(4, 0.0) == 37_500
+    # Never past the budget: 300 s in all, 290 s gone.
+    assert p.waits_left_ms(2, 290_000.0) == 10_000
+    assert p.waits_left_ms(2, 400_000.0) == 0
+    assert policy(jitter=0.0).waits_left_ms(2, 0.0) == 40_000

@@ -229,5 +229,7 @@ class AsyncUdsTransport:
             sock.connect(self.socket_path)  # a Unix socket connects at once or fails at once
         except (OSError, ValueError) as exc:
             sock.close()
-            raise ConnectError(f"cannot connect to {self.socket_path}: {connect_reason(exc, 0.0)}") from exc
+            raise ConnectError(
+                f"cannot connect to {self.socket_path}: {connect_reason(exc, 0.0, self.socket_path)}"
+            ) from exc
         return sock

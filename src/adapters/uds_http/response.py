@@ -128,6 +128,10 @@ class ResponseParser:
 
     def failure(self, exc: OSError) -> StreamClosedEarly:
         """A receive that failed (reset by the peer), said with where in the response it was."""
+        if self.body is None and self._fed == 0:
+            return StreamClosedEarly(
+                f"{self.what}: connection failed before any response byte ({reason(exc)}): {_DOWN}"
+            )
         return StreamClosedEarly(f"{self.what}: connection failed {self.where()} ({reason(exc)})")
 
     def closed(self) -> StreamClosedEarly:
@@ -186,11 +190,14 @@ class ResponseParser:
     def _head_error(self, exc: h11.RemoteProtocolError) -> Exception:
         if self.eof:
             if self._fed == 0:
-                return StreamClosedEarly(f"{self.what}: connection closed before any response byte")
+                return StreamClosedEarly(f"{self.what}: connection closed before any response byte: {_DOWN}")
             return StreamClosedEarly(f"{self.what}: connection closed inside the response head after {self._fed} bytes")
         if str(exc) == "Receive buffer too long":
             return ProtocolError(f"{self.what}: response head over the {self._header_bytes}-byte limit")
         return ProtocolError(f"{self.what}: malformed response head: {exc}")
+
+
+_DOWN = "the server behind the socket is down or restarting (a proxy closes what it cannot forward)"
 
 
 def reason(exc: BaseException) -> str:

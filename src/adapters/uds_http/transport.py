@@ -15,7 +15,9 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import stat
 import time
 
 from adapters.uds_http.exchange import HttpExchange, reason, render, send
@@ -108,7 +110,9 @@ class UdsTransport:
             sock.connect(self.socket_path)
         except (OSError, ValueError) as exc:
             sock.close()
-            raise ConnectError(f"cannot connect to {self.socket_path}: {connect_reason(exc, limit)}") from exc
+            raise ConnectError(
+                f"cannot connect to {self.socket_path}: {connect_reason(exc, limit, self.socket_path)}"
+            ) from exc
         return sock
 
 
@@ -133,10 +137,13 @@ def exchange_over(
     return send(SocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer)
 
 
-def connect_reason(exc: BaseException, limit: float) -> str:
+def connect_reason(exc: BaseException, limit: float, path: str | None = None) -> str:
     if isinstance(exc, FileNotFoundError):
         return "no such socket file (is the server or proxy running?)"
     if isinstance(exc, ConnectionRefusedError):
+        kind = _not_a_socket(path)
+        if kind is not None:
+            return f"it is {kind}, not a socket (the config's socket must name the proxy's socket file)"
         return "connection refused (nobody is listening on the socket)"
     if isinstance(exc, PermissionError):
         return "permission denied"
@@ -145,3 +152,22 @@ def connect_reason(exc: BaseException, limit: float) -> str:
     if isinstance(exc, BlockingIOError):
         return "the server's accept backlog is full"
     return reason(exc)
+
+
+def _not_a_socket(path: str | None) -> str | None:
+    """What `path` is when it exists and is not a socket (the kernel says only "refused")."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    return "a special file"
