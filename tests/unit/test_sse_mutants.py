@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from domain.errors import HttpError, ProtocolError
-from domain.sse import SSE_DONE, SseData, SseDecoder, parse_chunk
+from domain.sse import SSE_DONE, SseComment, SseData, SseDecoder, parse_chunk
 
 
 def test_an_error_field_without_a_space_after_the_colon_keeps_its_whole_json() -> None:
@@ -60,8 +60,9 @@ def test_a_feed_after_end_is_refused_also_after_done() -> None:
     assert decoder.feed(b"data: [DONE]\n\n") == [SSE_DONE]
     assert decoder.end() == []
     assert not decoder.partial_event
-    with pytest.raises(ValueError, match=r"called after end\(\)"):
+    with pytest.raises(ValueError) as caught:
         decoder.feed(b"data: {}\n\n")
+    assert str(caught.value) == "SseDecoder.feed() called after end()"
 
 
 def test_a_failure_after_events_is_raised_once_then_called_already_failed() -> None:
@@ -116,3 +117,47 @@ def test_text_that_is_not_utf8_is_quoted_with_8_bytes_either_side(line: bytes, w
         SseDecoder().feed(line + raw + b"\n\n")
     around = b"a" * 8 + b"\xff" + b"b" * 8
     assert str(caught.value) == f"SSE {what} is not valid UTF-8 at byte 20: {around!r}"
+
+
+def clean_decoder(max_line: int = 1 << 20) -> SseDecoder:
+    """A decoder that has taken one whole event: the next whole event may take the fast path."""
+    decoder = SseDecoder(max_line=max_line)
+    assert decoder.feed(b"data: 1\n\n") == [SseData("1")]
+    return decoder
+
+
+def test_a_line_of_the_limit_is_taken_and_one_byte_more_is_refused_also_on_the_fast_path() -> None:
+    assert clean_decoder(max_line=10).feed(b"data: 1234\n\n") == [SseData("1234")]
+    with pytest.raises(ProtocolError) as caught:
+        clean_decoder(max_line=10).feed(b"data: 12345\n\n")
+    assert str(caught.value) == "SSE line of 11 bytes, over 10 bytes"
+
+
+def test_a_whole_event_ended_by_crlf_loses_its_cr() -> None:
+    assert clean_decoder().feed(b"data: {}\r\n\n") == [SseData("{}")]
+
+
+def test_done_on_the_fast_path_ends_the_stream() -> None:
+    decoder = clean_decoder()
+    assert decoder.feed(b"data: [DONE]\n\n") == [SSE_DONE]
+    assert decoder.done
+    assert decoder.feed(b"data: {}\n\n") == []
+
+
+def test_an_event_whose_data_lines_came_earlier_is_completed_not_replaced() -> None:
+    decoder = clean_decoder()
+    assert decoder.feed(b"data: x\n") == []
+    assert decoder.feed(b"data: y\n\n") == [SseData("x\ny")]
+
+
+def test_a_line_whose_start_came_earlier_is_completed_not_replaced() -> None:
+    decoder = clean_decoder()
+    assert decoder.feed(b"data: ab") == []
+    assert decoder.feed(b"data: cd\n\n") == [SseData("abdata: cd")]
+
+
+def test_a_line_limit_of_one_byte_is_taken_and_zero_is_refused() -> None:
+    assert SseDecoder(max_line=1).feed(b":\n") == [SseComment("")]
+    with pytest.raises(ValueError) as caught:
+        SseDecoder(max_line=0)
+    assert str(caught.value) == "max_line must be positive, got 0"
