@@ -161,3 +161,11 @@ def test_a_line_limit_of_one_byte_is_taken_and_zero_is_refused() -> None:
     with pytest.raises(ValueError) as caught:
         SseDecoder(max_line=0)
     assert str(caught.value) == "max_line must be positive, got 0"
+
+
+def test_a_byte_order_mark_is_skipped_only_at_the_very_start_of_the_stream() -> None:
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: 1\n\n") == [SseData("1")]
+    # Mid-stream the mark is part of the field name, an unknown field: ignored.
+    assert decoder.feed(b"\xef\xbb\xbfdata: x\n\n") == []
+    assert SseDecoder().feed(b"\xef\xbb\xbfdata: x\n\n") == [SseData("x")]
