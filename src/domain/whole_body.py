@@ -67,7 +67,9 @@ class WholeBody:
     def take(self, piece: bytes | TimedOut) -> bool:
         """A read's result; True once the body ended (`b""`)."""
         if isinstance(piece, TimedOut):
-            raise Stalled(f"{self._what}: body incomplete after {self._timeout} s ({self._total} bytes read)")
+            raise Stalled(
+                f"{self._what}: body incomplete after {self._timeout * 1000:.0f} ms ({self._total} bytes read)"
+            )
         if not piece:
             return True
         self._total += len(piece)
