@@ -81,6 +81,32 @@ def run_until_cancelled(call: Callable[[Callable[[ChatEvent], None]], Any], canc
     return returned - canceller.cancelled_at
 
 
+def cancel_once(client: Client, reached: threading.Event) -> tuple[BaseException | None, float]:
+    """Run `client.chat(REQ)` in a thread, cancel it once the server saw `reached` (the call is
+    then blocked in that phase's I/O); its outcome, and seconds from cancel to return."""
+    token = CancelToken()
+    done = threading.Event()
+    outcome: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            client.chat(REQ, lambda event: None, cancel=token)
+        except BaseException as exc:
+            outcome.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert reached.wait(2.0)
+    time.sleep(0.02)
+    cancelled_at = time.monotonic()
+    token.cancel()
+    assert done.wait(2.0)
+    latency = time.monotonic() - cancelled_at
+    thread.join(2.0)
+    return (outcome[0] if outcome else None), latency
+
+
 def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(server: FakeServer) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
     client = client_for(server, liveness_ms=200)
@@ -120,28 +146,9 @@ def test_cancel_during_a_slots_poll_returns_at_once(server: FakeServer) -> None:
     server.route(*CHAT, silence())
     server.route(*SLOTS, slots)
     client = client_for(server, poll_ms=50, busy_wait_ms=200, load_wait_ms=200)
-    token = CancelToken()
-    done = threading.Event()
-    outcome: list[BaseException] = []
+    outcome, latency = cancel_once(client, polled)
 
-    def call() -> None:
-        try:
-            client.chat(REQ, lambda event: None, cancel=token)
-        except BaseException as exc:
-            outcome.append(exc)
-        done.set()
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    assert polled.wait(2.0)
-    time.sleep(0.02)
-    cancelled_at = time.monotonic()
-    token.cancel()
-    assert done.wait(2.0)
-    latency = time.monotonic() - cancelled_at
-    thread.join(2.0)
-
-    assert type(outcome[0]) is Cancelled
+    assert type(outcome) is Cancelled
     assert latency < WITHIN_S
     assert all(r.client_closed.wait(1.0) for r in server.requests)
 
@@ -186,28 +193,9 @@ def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer) 
 
     server.route(*CONTROL, control)
     client = client_for(server, thinking_cap=8, thinking_overrun=4, liveness_ms=200)
-    token = CancelToken()
-    done = threading.Event()
-    outcome: list[BaseException] = []
+    outcome, latency = cancel_once(client, posted)
 
-    def call() -> None:
-        try:
-            client.chat(REQ, lambda event: None, cancel=token)
-        except BaseException as exc:
-            outcome.append(exc)
-        done.set()
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    assert posted.wait(2.0)
-    time.sleep(0.02)
-    cancelled_at = time.monotonic()
-    token.cancel()
-    assert done.wait(2.0)
-    latency = time.monotonic() - cancelled_at
-    thread.join(2.0)
-
-    assert type(outcome[0]) is Cancelled
+    assert type(outcome) is Cancelled
     assert latency < WITHIN_S
     (control_call,) = recorded(server, CONTROL)
     assert control_call.client_closed.wait(1.0)
