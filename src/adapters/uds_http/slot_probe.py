@@ -25,12 +25,24 @@ from ports.transport import AsyncTransport, CancelSignal, Transport
 log = logging.getLogger("inferpath.probe")
 
 
+class _SlotsRequest:
+    """The probe's one request, the same for both probes: `GET /slots` (with `?model=` when
+    given), the head and the body each within `timeout`."""
+
+    __slots__ = ("clock", "limits", "path")
+
+    def __init__(self, timeout: float, body_bytes: int, clock: Clock | None, model: str | None) -> None:
+        self.path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
+        self.limits = FetchLimits(timeout, timeout, body_bytes, ERROR_BODY_BYTES)
+        self.clock: Clock = clock if clock is not None else SystemClock()
+
+
 class HttpSlotProbe:
     """Works over any `Transport` (a Unix socket in production, a script in tests). `model`,
     when given, is sent as `?model=`: a llama-server router routes GETs by it (and loads that
     model if it was unloaded); a single-model server ignores it."""
 
-    __slots__ = ("_body_bytes", "_clock", "_path", "_timeout", "_transport")
+    __slots__ = ("_request", "_transport")
 
     def __init__(
         self,
@@ -41,18 +53,15 @@ class HttpSlotProbe:
         clock: Clock | None = None,
         model: str | None = None,
     ) -> None:
-        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
         self._transport = transport
-        self._timeout = timeout
-        self._body_bytes = body_bytes
-        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._request = _SlotsRequest(timeout, body_bytes, clock, model)
 
     def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
         if slot < 0:
             raise ValueError(f"slot ids are never negative, got {slot}")
-        limits = FetchLimits(self._timeout, self._timeout, self._body_bytes, ERROR_BODY_BYTES)
+        r = self._request
         try:
-            body = fetch(self._transport, self._clock, "GET", self._path, None, limits, cancel)
+            body = fetch(self._transport, r.clock, "GET", r.path, None, r.limits, cancel)
         except InferError as exc:
             return _failed(slot, exc)
         return _state_of(body, slot)
@@ -61,7 +70,7 @@ class HttpSlotProbe:
 class AsyncHttpSlotProbe:
     """`HttpSlotProbe` over an `AsyncTransport`: the same request, limits, answers and log lines."""
 
-    __slots__ = ("_body_bytes", "_clock", "_path", "_timeout", "_transport")
+    __slots__ = ("_request", "_transport")
 
     def __init__(
         self,
@@ -72,18 +81,15 @@ class AsyncHttpSlotProbe:
         clock: Clock | None = None,
         model: str | None = None,
     ) -> None:
-        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
         self._transport = transport
-        self._timeout = timeout
-        self._body_bytes = body_bytes
-        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._request = _SlotsRequest(timeout, body_bytes, clock, model)
 
     async def state(self, slot: int) -> SlotState:
         if slot < 0:
             raise ValueError(f"slot ids are never negative, got {slot}")
-        limits = FetchLimits(self._timeout, self._timeout, self._body_bytes, ERROR_BODY_BYTES)
+        r = self._request
         try:
-            body = await fetch_async(self._transport, self._clock, "GET", self._path, None, limits)
+            body = await fetch_async(self._transport, r.clock, "GET", r.path, None, r.limits)
         except InferError as exc:
             return _failed(slot, exc)
         return _state_of(body, slot)
