@@ -64,3 +64,15 @@ def test_text_is_refused_so_no_implicit_encoding_decides_the_hash() -> None:
         sha256("abc")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         Sha256().update("abc")  # type: ignore[arg-type]
+
+
+# -- what is not bytes is refused by the name of its type ------------------------------------------
+
+
+@pytest.mark.parametrize(("data", "kind"), [("abc", "str"), (123, "int"), (None, "NoneType")])
+def test_a_value_that_is_not_bytes_is_refused_by_its_type_name(data: object, kind: str) -> None:
+    with pytest.raises(TypeError) as caught:
+        sha256(data)  # type: ignore[arg-type]
+    assert str(caught.value) == f"sha256 takes bytes, not {kind}; encode text first"
+    with pytest.raises(TypeError, match=f"not {kind};"):
+        Sha256().update(data)  # type: ignore[arg-type]
