@@ -23,7 +23,15 @@ from pathlib import Path
 import pytest
 
 from adapters.proxy.options import Address
-from adapters.proxy.testing import LoopbackUpstream, echo, fill_pipe, knock, unused_port
+from adapters.proxy.testing import (
+    LoopbackUpstream,
+    black_hole,
+    echo,
+    fill_pipe,
+    knock,
+    pending_connects,
+    unused_port,
+)
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -123,7 +131,11 @@ def test_the_socket_file_has_mode_0600(tmp_path: Path) -> None:
         assert stat.S_IMODE(st.st_mode) == 0o600
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+STOP_SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
+STOP_SIGNAL_IDS = ["SIGTERM", "SIGHUP", "SIGINT"]
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=STOP_SIGNAL_IDS)
 def test_a_stop_signal_closes_every_connection_removes_the_socket_and_exits_0(
     tmp_path: Path, signum: signal.Signals
 ) -> None:
@@ -348,6 +360,28 @@ def test_a_stop_signal_in_the_middle_of_a_connect_flood_ends_the_process_within_
         assert proc.wait(5) == 0
     # 100 ms is the aim; the bound leaves room for a loaded two-core machine to schedule the exit.
     assert elapsed < 0.5, f"{elapsed * 1000:.0f} ms from SIGTERM to exit"
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=STOP_SIGNAL_IDS)
+def test_a_stop_signal_ends_the_process_within_200_ms_while_a_connection_waits_for_its_upstream_connect(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    path = tmp_path / "infer.sock"
+    with black_hole() as address:
+        others = pending_connects(address)  # the black hole's own queue holders
+        with started_proxy(path, address) as proc, connect(path) as client:
+            client.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            deadline = time.monotonic() + 2
+            while not pending_connects(address) - others:  # the proxy's connect is under way
+                assert time.monotonic() < deadline, "the proxy never started its upstream connect"
+                time.sleep(0.001)
+            elapsed = seconds_to_exit(proc, signum)
+            assert finish(proc) == (0, "")
+            with pytest.raises(ConnectionResetError):  # closed with the request unread
+                client.recv(1)
+    assert not os.path.lexists(path)
+    # The upstream connect waits 5 s for an answer; the stop must not wait for it.
+    assert elapsed < 0.2, f"{elapsed * 1000:.0f} ms from {signum.name} to exit"
 
 
 REFUSAL_SUMMARY = re.compile(r"^inferproxy: refused (\d+) more connections? within 1 s \[(.*)\]$")

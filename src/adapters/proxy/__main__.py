@@ -1,10 +1,10 @@
 """`inferproxy --listen PATH --upstream HOST:PORT [--max-conns N] [--burst N] [--rate PER_SECOND]`.
 
-Exit status: 0 after SIGTERM or SIGINT, 2 for unusable arguments, 1 when the socket file cannot
-be set up (its lock is held by another inferproxy, or the path is taken). Every failure is one
-line on stderr. Stderr is written without blocking (`StderrLog`): a reader that has stopped
-reading costs lines, never the service or the stop. A failure to start waits up to a second for
-its one line to go out; a stop does not wait.
+Exit status: 0 after SIGTERM, SIGHUP or SIGINT (all three stop it the same way), 2 for unusable
+arguments, 1 when the socket file cannot be set up (its lock is held by another inferproxy, or
+the path is taken). Every failure is one line on stderr. Stderr is written without blocking
+(`StderrLog`): a reader that has stopped reading costs lines, never the service or the stop. A
+failure to start waits up to a second for its one line to go out; a stop does not wait.
 
 `inferproxy --version` prints `inferproxy VERSION` and exits 0 before anything else is read.
 """
@@ -19,7 +19,8 @@ from adapters.proxy.server import Proxy
 from adapters.proxy.socket_file import SocketFileError, bind_socket_file
 from adapters.proxy.stderr_log import StderrLog
 
-_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# SIGHUP too: the default would kill the process and leave the socket file behind.
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
 _FAILURE_LINE_WAIT_S = 1.0
 _DISTRIBUTION = "inferpath"
 

@@ -2,6 +2,9 @@
 
 Two threads per connection. The first connects upstream, starts the second for upstream → client,
 then moves client → upstream itself. Invariants:
+- The connect never blocks: the socket is non-blocking and published (under the lock `abort`
+  takes) before its connect starts, and the wait for it is a poll that `abort`'s shutdown ends.
+  So a stop is never held up by an upstream that does not answer the connect.
 - EOF from one side becomes `shutdown(SHUT_WR)` towards the other; no timer ever cuts the other
   direction short, so a client that half-closes after its request gets an answer of any length.
 - When either side fails, both sockets are shut down, which wakes whichever thread is blocked.
@@ -13,6 +16,9 @@ then moves client → upstream itself. Invariants:
 """
 
 import contextlib
+import errno
+import math
+import os
 import select
 import socket
 import threading
@@ -72,17 +78,14 @@ class Connection:
 
     def _forward(self) -> None:
         try:
-            upstream = socket.create_connection((self._address.host, self._address.port), timeout=self._connect_timeout)
+            upstream = self._connect()
         except OSError as exc:
             self._on_connect_failed(self._address, exc)
             return
-        with self._lock:
-            self._upstream = upstream
-            aborted = self._aborted
-        if aborted:
-            return
+        if upstream is None:
+            return  # aborted while connecting
         try:
-            upstream.settimeout(None)
+            upstream.setblocking(True)
             upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             return
@@ -98,6 +101,53 @@ class Connection:
             # case the other direction must stop now.
             self.abort()
             back.join()
+
+    def _connect(self) -> socket.socket | None:
+        """The upstream connection, as `socket.create_connection` makes it, or None once aborted.
+
+        Each address the name resolves to gets `connect_timeout`; the last failure is raised.
+        """
+        infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+        failure: OSError | None = None
+        for family, kind, proto, _name, sockaddr in infos:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            with self._lock:
+                if self._aborted:
+                    sock.close()
+                    return None
+                self._upstream = sock
+                # Started under the lock, so an abort either comes first (and is seen above) or
+                # finds the connect under way and shuts it down, which ends the poll below.
+                started = sock.connect_ex(sockaddr)
+            try:
+                if started not in (0, errno.EINPROGRESS):
+                    raise OSError(started, os.strerror(started))
+                if started:
+                    self._wait_connected(sock)
+                with self._lock:
+                    if self._aborted:
+                        return None
+                return sock
+            except OSError as exc:
+                failure = exc
+                with self._lock:
+                    self._upstream = None
+                    sock.close()
+                if self._aborted:
+                    return None
+        raise failure if failure is not None else OSError(f"no address for {self._address.host}")
+
+    def _wait_connected(self, sock: socket.socket) -> None:
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        if not poller.poll(math.ceil(self._connect_timeout * 1000)):
+            raise TimeoutError("timed out")
+        if self._aborted:
+            return
+        failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if failed:
+            raise OSError(failed, os.strerror(failed))
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> bool:
         """Move src → dst until EOF, then pass the half-close on. False (and abort) on failure."""

@@ -25,6 +25,7 @@ from adapters.proxy.socket_file import bind_socket_file
 Handler = Callable[[socket.socket], None]
 LOOPBACK = "127.0.0.1"
 _JOIN_S = 5.0
+_SYN_SENT = "02"  # the state's number in /proc/net/tcp
 
 
 class ManualClock:
@@ -173,6 +174,23 @@ def black_hole() -> Iterator[Address]:
         for holder in holders:
             holder.close()
         listener.close()
+
+
+def pending_connects(address: Address) -> set[int]:
+    """Local ports of this network namespace's TCP sockets still connecting to `address` (IPv4).
+
+    Read from /proc/net/tcp: the sockets in SYN_SENT whose remote end is `address`. A test can
+    tell from it that a connect towards a `black_hole` is under way, whoever made it.
+    """
+    remote = f"{socket.inet_aton(address.host)[::-1].hex().upper()}:{address.port:04X}"
+    ports: set[int] = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for row in table:
+            fields = row.split()
+            if fields[2] == remote and fields[3] == _SYN_SENT:
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
 
 
 def knock(path: str) -> bool:
