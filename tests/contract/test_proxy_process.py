@@ -218,6 +218,21 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
     assert err == f"inferproxy: error: --listen: the folder {tmp_path / 'none'} does not exist\n"
 
 
+@pytest.mark.parametrize("through", ["folder", "symlink"])
+def test_a_listen_path_ending_in_a_slash_exits_2_naming_it_and_makes_nothing_in_the_folder(
+    tmp_path: Path, through: str
+) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (tmp_path / "link").symlink_to(folder)
+    path = f"{tmp_path / ('run' if through == 'folder' else 'link')}/"
+    with proxy_process("--listen", path, "--upstream", "127.0.0.1:1") as proc:
+        status, err = finish(proc)
+    assert status == 2
+    assert err == f"inferproxy: error: --listen must end in the socket file's name, and {path} ends in a slash\n"
+    assert os.listdir(folder) == []
+
+
 def test_the_installed_console_script_runs_the_same_main(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "inferproxy"
     if not script.exists():

@@ -152,9 +152,9 @@ def test_removing_leaves_a_file_that_replaced_ours(tmp_path: Path) -> None:
 
 def test_a_path_under_a_regular_file_is_reported_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    # The lock beside the socket is the first thing touched, so it is the one named.
+    # The socket's folder is the first thing opened, so it is the one named.
     with pytest.raises(
-        SocketFileError, match=r"^cannot open the lock file .*/file/infer\.sock\.lock: Not a directory$"
+        SocketFileError, match=r"^cannot open the folder .*/file of .*/file/infer\.sock: Not a directory$"
     ):
         bind_socket_file(str(tmp_path / "file" / "infer.sock"))
 

@@ -92,6 +92,23 @@ def test_unusable_arguments_raise_one_line_naming_the_problem(tmp_path: Path, ar
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(("ending", "said"), [("/", "a slash"), ("/.", "'.'"), ("/..", "'..'"), ("/s/", "a slash")])
+def test_a_socket_path_whose_last_part_names_a_folder_is_refused_naming_the_path(
+    tmp_path: Path, ending: str, said: str
+) -> None:
+    (tmp_path / "s").mkdir()
+    path = f"{tmp_path}{ending}"
+    with pytest.raises(UsageError) as caught:
+        parse_args(["--listen", path, "--upstream", "h:1"])
+    assert str(caught.value) == f"--listen must end in the socket file's name, and {path} ends in {said}"
+
+
+@pytest.mark.parametrize("path", [".", "..", "/"])
+def test_a_socket_path_that_is_only_a_folder_is_refused(path: str) -> None:
+    with pytest.raises(UsageError, match="must end in the socket file's name"):
+        parse_args(["--listen", path, "--upstream", "h:1"])
+
+
 def test_a_socket_path_one_byte_too_long_for_af_unix_is_refused(tmp_path: Path) -> None:
     path = _path_of_length(tmp_path, MAX_SOCKET_PATH_BYTES + 1)
     with pytest.raises(UsageError, match=f"{MAX_SOCKET_PATH_BYTES + 1} bytes; AF_UNIX allows at most"):

@@ -1,8 +1,9 @@
 """Command-line options for `inferproxy`, checked up front so a bad start fails in one clear line.
 
 `parse_args` raises `UsageError` with a one-line message for anything it cannot use: a missing
-flag, an upstream without a port, a port out of range, a socket path too long for `AF_UNIX`, a
-parent folder that does not exist, a limit below its minimum.
+flag, an upstream without a port, a port out of range, a socket path too long for `AF_UNIX` or
+that ends in a folder's name (a slash, `.`, `..`), a parent folder that does not exist, a limit
+below its minimum.
 """
 
 import argparse
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import urlsplit
+
+from adapters.proxy.socket_file import folder_ending
 
 # sun_path holds 108 bytes on Linux; one is kept for the NUL that C clients write after the path.
 MAX_SOCKET_PATH_BYTES = 107
@@ -131,6 +134,9 @@ def _without_scheme(url: str) -> str:
 def check_socket_path(path: str) -> str:
     if not path:
         raise UsageError("--listen must name a socket path")
+    ending = folder_ending(path)
+    if ending is not None:
+        raise UsageError(f"--listen must end in the socket file's name, and {path} ends in {ending}")
     size = len(os.fsencode(path))
     if size > MAX_SOCKET_PATH_BYTES:
         raise UsageError(f"--listen path is {size} bytes; AF_UNIX allows at most {MAX_SOCKET_PATH_BYTES}: {path}")
