@@ -1,0 +1,95 @@
+"""What the client logs, word for word, on the in-memory fakes: each answer's counts and its cache
+outcome against the answer before, the response head with its wait, and the reasoning_end call with
+the server's answer."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeClock, FakeSlotProbe, ScriptedTransport, json_reply, sse_reply
+from adapters.fake_server.script import RouteSpec
+from app.client import Client
+from app.config import parse_config
+from client_support import CHAT, CONTROL, EXPECT, overridden
+from client_support import chunk as stream_chunk
+from domain.cache import cache_outcome
+from domain.completion import Timings
+from domain.errors import ThinkingOverrun
+from domain.messages import ChatRequest, UserMessage
+from ports import SlotState
+
+pytestmark = pytest.mark.timeout(10)
+
+CID = "chatcmpl-client"
+REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
+chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)
+ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
+
+
+class ZeroJitter:
+    def uniform(self, a: float, b: float) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def client_for() -> Iterator[Callable[..., tuple[Client, ScriptedTransport]]]:
+    def build(routes: dict[tuple[str, str], RouteSpec], **sections: Any) -> tuple[Client, ScriptedTransport]:
+        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
+        clock = FakeClock()
+        transport = ScriptedTransport(clock, routes)
+        probe = FakeSlotProbe({REQ.slot: SlotState.IDLE})
+        container = make(config, clock=clock, transport=transport, probe=probe, rng=ZeroJitter())
+        return container.client(), transport
+
+    with overridden() as make:
+        yield build
+
+
+def test_each_answer_is_logged_with_its_counts_and_the_cache_outcome_against_the_one_before(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = client_for({CHAT: [sse_reply(ANSWER), sse_reply(ANSWER)]})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"):
+        client.chat(REQ, lambda event: None)
+        client.chat(REQ, lambda event: None)
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slot 1: stop")]
+    against = [r.getMessage() for r in caplog.records if "against the request before it" in r.getMessage()]
+    assert done == ["slot 1: stop, 42 prompt tokens (3 cached), 2 predicted, 0 reasoning"] * 2
+    timings = Timings(cache_n=3, prompt_n=39, predicted_n=2)
+    assert against == [f"slot 1: against the request before it: {cache_outcome(timings, timings)}"]
+
+
+def test_the_response_head_is_logged_with_its_status_and_wait(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, _ = client_for({CHAT: sse_reply(ANSWER, head_delay_s=0.25)})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"):
+        client.chat(REQ, lambda event: None)
+    assert "slot 1: response head 200 after 250 ms" in [r.getMessage() for r in caplog.records]
+
+
+def reasoning(n: int) -> dict[str, Any]:
+    return chunk({"reasoning_content": "hm"}, n=n)
+
+
+@pytest.mark.parametrize(
+    ("answer", "logged"),
+    [
+        ({"success": True}, "reasoning_end posted: accepted"),
+        ({"success": False}, "reasoning_end posted: the server answered {'success': False}"),
+    ],
+)
+def test_the_reasoning_end_call_is_logged_with_the_servers_answer(
+    client_for: Callable[..., Any], caplog: pytest.LogCaptureFixture, answer: dict[str, Any], logged: str
+) -> None:
+    stream = [reasoning(1), reasoning(2), chunk({"content": "Hi"}, n=3), chunk(finish="stop", n=3)]
+    client, _ = client_for({CHAT: sse_reply(stream), CONTROL: json_reply(answer)}, limits={"thinking_cap": 2})
+    with caplog.at_level(logging.DEBUG, logger="inferpath.client"), contextlib.suppress(ThinkingOverrun):
+        client.chat(REQ, lambda event: None)
+    assert logged in [r.getMessage() for r in caplog.records]
