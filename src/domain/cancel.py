@@ -1,48 +1,81 @@
-"""Cancelling a call from another thread.
+"""Cancelling a call from another thread, or from a signal handler.
 
 `CancelToken()` is handed to a call (`client.chat(req, on_event, cancel=token)`); `token.cancel()`
 from any thread ends that call in whatever phase it is: queued at the slot gate, waiting for
 the response head, streaming, posting `reasoning_end`, or waiting to retry.
+`cancel_all(tokens)` cancels many calls at once, in two phases (below).
 
 Invariants:
-- `cancel()` is idempotent, safe from any thread, never raises because of what it wakes, and
-  returns only after every registered wake-up has run: by then every connection the call had
-  open is shut, so a blocked read returns at once and the server stops generating.
+- `cancel()` is idempotent, safe from any thread and from a signal handler, never raises
+  because of what it wakes, and returns only after every registered wake-up has run (see below
+  for a cancel that finds another under way): by then every connection the call had open is
+  shut, so a blocked read returns at once and the server stops generating.
 - A wake-up registered after the cancel runs at once, in the registering thread, so a call that
   starts a phase after the cancel sees it without waiting.
 - The token only says "stop"; the call decides what it means in each phase and raises
   `Cancelled` (or `ClientClosed` when the client was closed).
+- A cancel marks the token first (`cancelled`, `raise_if_cancelled`, `event`) and runs its
+  wake-ups after, so a wake-up always finds its token cancelled. `cancel_all` marks every token
+  before it runs any wake-up: a wake-up that lets another call go on (releasing a slot hands it
+  to the next call in the queue) cannot let a call that is being cancelled send its request.
+
+Re-entrancy (a cancel from a signal handler, `signal.signal(SIGINT, lambda *_: token.cancel())`):
+Python runs the handler in the main thread between two bytecodes of whatever it was doing, which
+may be this token's own `on_cancel`, unlink function, `cancel`, or a wait on its `event`.
+- The locks here are re-entrant and are held only around a look and one step on a table (one
+  dict, set or list operation, atomic in itself), never while a wake-up runs or another lock is
+  taken. So a nested cancel never waits for its own thread, and one that waits for another
+  thread's step waits for a step that cannot block.
+- Every decision is one such step, so a nested cancel lands wholly before or wholly after it:
+  the first error recorded is the token's error for good; a wake-up runs only in the hands of
+  whoever takes it out of the table, a cancel or its own registration, so it runs exactly once;
+  a registration stores its wake-up before it looks at the mark and a cancel sets the mark
+  before it empties the table, so one of the two always sees the other and no wake-up is lost.
+- An unlink takes its wake-up out of the table: once it returns the wake-up never runs, unless
+  a cancel took it out first (it has started running it). A later cancel finds nothing.
+- A cancel that finds another one under way (in another thread, or the one its handler
+  interrupted) does not wait for the wake-ups that one has taken out of the table: it runs the
+  rest and returns. The same holds for a wake-up that a registration which found the token
+  cancelled has taken out: the interrupted code runs it as soon as the handler returns.
+- `event` is a `threading.Event` whose `set()` may interrupt its own `wait()` in the same
+  thread without deadlock or a lost wake-up (a waiter registers before it looks at the flag).
+- The wake-ups run where the cancel runs: from a signal handler, in the main thread, wherever
+  it was interrupted. A wake-up must not wait there for a lock the main thread may hold.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 from domain.errors import Cancelled
 
-__all__ = ["CancelToken"]
+__all__ = ["CancelToken", "cancel_all"]
 
 Wake = Callable[[], None]
 
 
 class CancelToken:
-    __slots__ = ("_error", "_event", "_lock", "_next", "_wakes")
+    __slots__ = ("_errors", "_event", "_keys", "_lock", "_wakes")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._wakes: dict[int, Wake] = {}
-        self._error: Cancelled | None = None
-        self._next = 0
+        self._lock = threading.RLock()
+        self._event = _Flag()
+        self._wakes: OrderedDict[int, Wake] = OrderedDict()
+        # The mark: empty until cancelled. The first error appended is the token's; a cancel
+        # nested between another's look and its append may add one more, never a first.
+        self._errors: list[Cancelled | None] = []
+        self._keys = itertools.count()
 
     def __repr__(self) -> str:
         return f"CancelToken(cancelled={self.cancelled})"
 
     @property
     def cancelled(self) -> bool:
-        return self._event.is_set()
+        return bool(self._errors)
 
     @property
     def event(self) -> threading.Event:
@@ -51,41 +84,120 @@ class CancelToken:
 
     def cancel(self, error: Cancelled | None = None) -> None:
         """Stop the call. `error` is what it raises (by default `Cancelled`)."""
-        with self._lock:
-            if self._event.is_set():
-                return
-            self._error = error
-            self._event.set()
-            wakes = list(self._wakes.values())
-            self._wakes.clear()
-        for wake in wakes:
-            with contextlib.suppress(Exception):
-                wake()
+        self._mark(error)
+        self._run_wakes()
 
     def error(self) -> Cancelled:
         """The error a cancelled call raises."""
-        return self._error if self._error is not None else Cancelled("the call was cancelled")
+        errors = self._errors
+        first = errors[0] if errors else None
+        return first if first is not None else Cancelled("the call was cancelled")
 
     def raise_if_cancelled(self) -> None:
-        if self._event.is_set():
+        if self._errors:
             raise self.error()
 
     def on_cancel(self, wake: Wake) -> Callable[[], None]:
         """Run `wake` when the token is cancelled (at once if it already is); returns a function
         that unregisters it."""
+        key = next(self._keys)
         with self._lock:
-            if not self._event.is_set():
-                key = self._next
-                self._next += 1
-                self._wakes[key] = wake
-                return lambda: self._forget(key)
-        wake()
+            self._wakes[key] = wake
+            live = not self._errors
+        if live:
+            return lambda: self._forget(key)
+        # Cancelled before or while registering: whoever takes the wake-up out runs it, a cancel
+        # emptying the table or this registration.
+        with self._lock:
+            mine = self._wakes.pop(key, None)
+        if mine is not None:
+            mine()
         return _nothing
 
     def _forget(self, key: int) -> None:
         with self._lock:
             self._wakes.pop(key, None)
 
+    def _mark(self, error: Cancelled | None) -> None:
+        """The first phase of a cancel: the token reads as cancelled and its event is set."""
+        with self._lock:
+            if not self._errors:
+                self._errors.append(error)
+        self._event.set()
+
+    def _run_wakes(self) -> None:
+        """The second phase: take the wake-ups out one by one, in the order registered, and run
+        each taken. Any cancel of the token may do this; each wake-up is taken once."""
+        while True:
+            with self._lock:
+                try:
+                    _, wake = self._wakes.popitem(last=False)
+                except KeyError:
+                    return
+            with contextlib.suppress(Exception):
+                wake()
+
+
+def cancel_all(tokens: Iterable[CancelToken], error: Cancelled | None = None) -> None:
+    """Cancel every token, as `cancel(error)` each, but in two phases: every token is marked
+    cancelled before the first wake-up of any of them runs. Returns once all have run."""
+    marked = list(tokens)
+    for token in marked:
+        token._mark(error)
+    for token in marked:
+        token._run_wakes()
+
 
 def _nothing() -> None:
     return None
+
+
+class _Flag(threading.Event):
+    """`threading.Event` safe to `set()` from a signal handler that interrupted `wait()`, or
+    `set()` itself, in the same thread: its lock is re-entrant and held only around one step on
+    the waiter table. A waiter enters the table before it looks at the flag and `set()` raises
+    the flag before it empties the table, so one of them sees the other; each waiter is taken
+    out, and released, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._flag = False
+        self._mutex = threading.RLock()
+        self._waiters: set[threading.Lock] = set()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        while True:
+            with self._mutex:
+                try:
+                    waiter = self._waiters.pop()
+                except KeyError:
+                    return
+            waiter.release()
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        waiter = threading.Lock()
+        waiter.acquire()
+        with self._mutex:
+            self._waiters.add(waiter)
+        try:
+            if self._flag:
+                return True
+            if timeout is None:
+                woken = waiter.acquire()
+            elif timeout > 0:
+                woken = waiter.acquire(True, timeout)
+            else:
+                woken = waiter.acquire(False)
+            return woken or self._flag
+        finally:
+            with self._mutex:
+                self._waiters.discard(waiter)
