@@ -111,7 +111,7 @@ def test_prints_one_start_line_naming_the_socket_the_upstream_and_the_limits_and
     ):
         assert read_line(proc) == (
             f"inferproxy: listening on {path}, forwarding to {upstream.address}; "
-            "at most 8 connections, accept burst 10, refill 2/s\n"
+            "at most 8 connections, accept burst 10, refill 2/s, first byte within 10 s\n"
         )
         with connect(path) as client:
             client.sendall(b"GET /props")
@@ -173,6 +173,31 @@ def test_one_line_names_the_limit_for_each_refused_connection(tmp_path: Path) ->
         with connect(path) as third:
             assert third.recv(1) == b""
         assert read_line(proc) == "inferproxy: refused a connection: accept rate limit (burst 2, refill 0.001/s)\n"
+
+
+def test_a_client_that_sends_nothing_is_closed_after_the_first_byte_timeout_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "infer.sock"
+    with (
+        LoopbackUpstream(echo) as upstream,
+        started_proxy(path, upstream.address, "--first-byte-timeout", "0.1") as proc,
+        connect(path) as silent,
+    ):
+        assert silent.recv(1) == b""
+        assert read_line(proc) == (
+            "inferproxy: closed a connection: the client sent no byte within 0.1 s (first-byte limit)\n"
+        )
+        with connect(path) as talker:
+            talker.sendall(b"hello")
+            assert talker.recv(100) == b"hello"
+
+
+def test_help_names_the_first_byte_timeout_and_its_default() -> None:
+    with proxy_process("--help") as proc:
+        assert proc.wait(10) == 0
+        assert proc.stdout is not None
+        usage = " ".join(proc.stdout.read().decode().split())
+    assert "--first-byte-timeout SECONDS close a connection whose client has sent nothing" in usage
+    assert "(default 10)" in usage
 
 
 def test_a_second_proxy_on_a_live_socket_refuses_to_start_and_the_first_keeps_working(tmp_path: Path) -> None:

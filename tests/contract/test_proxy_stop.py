@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from adapters.proxy.testing import black_hole, pending_connects, running_proxy
+from adapters.proxy.testing import LoopbackUpstream, black_hole, echo, pending_connects, running_proxy
 
 
 def eventually(condition: Callable[[], bool], timeout: float) -> bool:
@@ -51,3 +51,20 @@ def test_a_stop_ends_serving_within_100_ms_while_connections_wait_for_their_upst
         assert pending_connects(address) <= others  # the connecting sockets were closed, not left behind
     assert proxy.proxy.open_connections == 0
     assert proxy.lines == []  # an aborted connect is not an unreachable upstream
+
+
+def test_a_stop_ends_serving_within_100_ms_while_clients_have_yet_to_send_their_first_byte(tmp_path: Path) -> None:
+    with LoopbackUpstream(echo) as upstream:
+        clients = []
+        try:
+            with running_proxy(str(tmp_path / "p.sock"), upstream.address) as proxy:
+                clients = [proxy.connect() for _ in range(3)]
+                assert eventually(lambda: upstream.accepted == 3, 2.0)  # connected, waiting for a byte
+                started = time.monotonic()
+            elapsed = time.monotonic() - started
+            assert elapsed < 0.1, f"{elapsed * 1000:.0f} ms from the stop to the end of serving"
+            assert all(closed(client) for client in clients)
+        finally:
+            for client in clients:
+                client.close()
+    assert proxy.lines == []  # stopped, not timed out

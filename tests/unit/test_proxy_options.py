@@ -13,7 +13,7 @@ def test_the_defaults_are_the_briefs_limits(tmp_path: Path) -> None:
     settings = parse_args(["--listen", str(tmp_path / "infer.sock"), "--upstream", "straylight:11434"])
     assert settings.listen == str(tmp_path / "infer.sock")
     assert settings.upstream == Address("straylight", 11434)
-    assert settings.limits == ProxyLimits(max_conns=8, burst=10, rate=2.0)
+    assert settings.limits == ProxyLimits(max_conns=8, burst=10, rate=2.0, first_byte_timeout=10.0)
 
 
 def test_flags_change_the_limits(tmp_path: Path) -> None:
@@ -29,9 +29,11 @@ def test_flags_change_the_limits(tmp_path: Path) -> None:
             "50",
             "--rate",
             "0.5",
+            "--first-byte-timeout",
+            "2.5",
         ]
     )
-    assert settings.limits == ProxyLimits(max_conns=3, burst=50, rate=0.5)
+    assert settings.limits == ProxyLimits(max_conns=3, burst=50, rate=0.5, first_byte_timeout=2.5)
 
 
 def test_an_ipv6_upstream_in_brackets_is_accepted(tmp_path: Path) -> None:
@@ -79,6 +81,10 @@ def _path_of_length(folder: Path, size: int) -> str:
         (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "0"], "--rate must be a number above 0"),
         (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "nan"], "--rate must be a number above 0"),
         (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "fast"], "--rate must be a number"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "0"], "--first-byte-timeout must be"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "-1"], "must be a number above 0"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "inf"], "must be a number above 0"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "soon"], "must be a number, got"),
         (["--listen", "{dir}/s", "--upstream", "h:1", "--config", "x.toml"], "unrecognized arguments"),
         (["--list", "{dir}/s", "--upstream", "h:1"], "--listen"),
     ],

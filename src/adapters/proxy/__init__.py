@@ -1,8 +1,9 @@
 """`inferproxy`: forwards each connection on a Unix socket to one TCP connection upstream.
 
 The only code in the project that opens TCP. It never parses what it forwards, logs one line at
-start and one per refused connection (a flood of refusals is summarised once a second), and
-nothing about traffic. Stdlib only.
+start, one per refused connection (a flood of refusals is summarised once a second) and one per
+connection it gives up on (an unreachable upstream, a client silent past the first-byte limit),
+and nothing about traffic. Stdlib only.
 """
 
 from adapters.proxy.bucket import TokenBucket

@@ -1,4 +1,5 @@
-"""`inferproxy --listen PATH --upstream HOST:PORT [--max-conns N] [--burst N] [--rate PER_SECOND]`.
+"""`inferproxy --listen PATH --upstream HOST:PORT [--max-conns N] [--burst N] [--rate PER_SECOND]
+[--first-byte-timeout SECONDS]`.
 
 Exit status: 0 after SIGTERM, SIGHUP or SIGINT (all three stop it the same way), 2 for unusable
 arguments, 1 when the socket file cannot be set up (its lock is held by another inferproxy, or

@@ -5,6 +5,9 @@ then moves client → upstream itself. Invariants:
 - The connect never blocks: the socket is non-blocking and published (under the lock `abort`
   takes) before its connect starts, and the wait for it is a poll that `abort`'s shutdown ends.
   So a stop is never held up by an upstream that does not answer the connect.
+- A client that has sent nothing (no byte, no EOF) `first_byte_timeout` seconds after it was
+  accepted is closed, with one line, so silent clients cannot hold every place for ever. That
+  is the only timer: once the first byte (or an EOF) has come, nothing is timed.
 - EOF from one side becomes `shutdown(SHUT_WR)` towards the other; no timer ever cuts the other
   direction short, so a client that half-closes after its request gets an answer of any length.
 - When either side fails, both sockets are shut down, which wakes whichever thread is blocked.
@@ -22,12 +25,14 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from adapters.proxy.options import Address
 from adapters.proxy.pump import Mover
 
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_LONGEST_POLL_MS = 2**31 - 1  # poll takes a C int of milliseconds
 
 
 class Connection:
@@ -38,16 +43,21 @@ class Connection:
         *,
         name: str,
         connect_timeout: float,
+        first_byte_by: float,
+        first_byte_timeout: float,
         mover: Mover,
-        on_connect_failed: Callable[[Address, OSError], None],
+        on_closed: Callable[[str], None],
         on_finished: Callable[["Connection"], None],
     ) -> None:
+        """`first_byte_by` is the `time.monotonic()` reading by which the client's first byte is due."""
         self._client = client
         self._address = upstream
         self._name = name
         self._connect_timeout = connect_timeout
+        self._first_byte_by = first_byte_by
+        self._first_byte_timeout = first_byte_timeout
         self._mover = mover
-        self._on_connect_failed = on_connect_failed
+        self._on_closed = on_closed
         self._on_finished = on_finished
         self._upstream: socket.socket | None = None
         self._lock = threading.Lock()
@@ -80,7 +90,8 @@ class Connection:
         try:
             upstream = self._connect()
         except OSError as exc:
-            self._on_connect_failed(self._address, exc)
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            self._on_closed(f"upstream {self._address} unreachable ({reason})")
             return
         if upstream is None:
             return  # aborted while connecting
@@ -94,7 +105,9 @@ class Connection:
         )
         back.start()
         try:
-            if self._pump(self._client, upstream):
+            if not self._first_byte_came():
+                self._on_closed(f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)")
+            elif self._pump(self._client, upstream):
                 self._wait_for_client_hangup()
         finally:
             # Either both directions are done, the client hung up, or something failed: in every
@@ -158,6 +171,20 @@ class Connection:
             self.abort()
             return False
         return True
+
+    def _first_byte_came(self) -> bool:
+        """Whether the client has sent something (a byte or EOF) or failed by its deadline.
+
+        An abort shuts the client down, which ends the wait as an EOF would.
+        """
+        poller = select.poll()
+        poller.register(self._client, select.POLLIN)
+        while True:
+            left_ms = max(0, math.ceil((self._first_byte_by - time.monotonic()) * 1000))
+            if poller.poll(min(left_ms, _LONGEST_POLL_MS)):
+                return True
+            if left_ms <= _LONGEST_POLL_MS:
+                return False
 
     def _wait_for_client_hangup(self) -> None:
         poller = select.poll()

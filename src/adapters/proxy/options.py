@@ -3,7 +3,7 @@
 `parse_args` raises `UsageError` with a one-line message for anything it cannot use: a missing
 flag, an upstream without a port, a port out of range, a socket path too long for `AF_UNIX` or
 that ends in a folder's name (a slash, `.`, `..`), a parent folder that does not exist, a limit
-below its minimum.
+below its minimum (a rate or a first-byte timeout that is not a number above 0).
 """
 
 import argparse
@@ -38,9 +38,13 @@ class ProxyLimits:
     max_conns: int = 8
     burst: int = 10
     rate: float = 2.0
+    first_byte_timeout: float = 10.0  # seconds from accept; then a client that sent nothing is closed
 
     def __str__(self) -> str:
-        return f"at most {self.max_conns} connections, accept burst {self.burst}, refill {self.rate:g}/s"
+        return (
+            f"at most {self.max_conns} connections, accept burst {self.burst}, refill {self.rate:g}/s,"
+            f" first byte within {self.first_byte_timeout:g} s"
+        )
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,15 @@ def _parser() -> _Parser:
         metavar="PER_SECOND",
         help=f"accept tokens refilled per second (default {defaults.rate:g})",
     )
+    parser.add_argument(
+        "--first-byte-timeout",
+        default=f"{defaults.first_byte_timeout:g}",
+        metavar="SECONDS",
+        help=(
+            "close a connection whose client has sent nothing this long after it was accepted;"
+            f" once bytes flow nothing is timed (default {defaults.first_byte_timeout:g})"
+        ),
+    )
     return parser
 
 
@@ -93,7 +106,8 @@ def parse_args(argv: Sequence[str]) -> Settings:
         limits=ProxyLimits(
             max_conns=_whole(args.max_conns, "--max-conns"),
             burst=_whole(args.burst, "--burst"),
-            rate=_rate(args.rate),
+            rate=_above_zero(args.rate, "--rate"),
+            first_byte_timeout=_above_zero(args.first_byte_timeout, "--first-byte-timeout"),
         ),
     )
 
@@ -158,11 +172,11 @@ def _whole(text: str, flag: str) -> int:
     return value
 
 
-def _rate(text: str) -> float:
+def _above_zero(text: str, flag: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"--rate must be a number, got {text!r}") from None
+        raise UsageError(f"{flag} must be a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"--rate must be a number above 0, got {text!r}")
+        raise UsageError(f"{flag} must be a number above 0, got {text!r}")
     return value

@@ -14,7 +14,8 @@ Invariants:
   process's stderr) is written without blocking; the loop watches its descriptor while lines wait.
   Out of descriptors, accepting pauses briefly by leaving the listener out of the select, not by
   sleeping.
-- A connection counts against `max_conns` from accept until both its sockets are closed.
+- A connection counts against `max_conns` from accept until both its sockets are closed; a
+  client that sends nothing gives its place back after `first_byte_timeout` (`Connection`).
 """
 
 import contextlib
@@ -215,8 +216,10 @@ class Proxy:
                     self._upstream,
                     name=f"inferproxy-{self._serial}",
                     connect_timeout=self._connect_timeout,
+                    first_byte_by=time.monotonic() + self._limits.first_byte_timeout,
+                    first_byte_timeout=self._limits.first_byte_timeout,
                     mover=self._mover,
-                    on_connect_failed=self._connect_failed,
+                    on_closed=self._closed,
                     on_finished=self._finish,
                 )
                 self._open.add(connection)
@@ -248,9 +251,9 @@ class Proxy:
             with contextlib.suppress(OSError):
                 os.write(wake, b"\0")
 
-    def _connect_failed(self, address: Address, exc: OSError) -> None:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        self._log(f"closed a connection: upstream {address} unreachable ({reason})")
+    def _closed(self, reason: str) -> None:
+        """A connection gave up after it was admitted (upstream unreachable, a silent client)."""
+        self._log(f"closed a connection: {reason}")
         if self._drainable is not None and self._drainable.pending:
             # Written from a connection thread: the accept loop must learn that lines wait. The
             # lock keeps this write off a wake-up pipe that `serve` is closing (its number could
