@@ -8,7 +8,13 @@ Invariants:
   end (`_cr_pending`).
 - Only complete lines are decoded. A line end is ASCII and cannot occur inside a multi-byte UTF-8
   sequence, so a character split across feeds is always whole by the time its line is decoded.
-- `_tail` holds the incomplete last line; it never contains CR or LF.
+- `_tail` holds the incomplete last line; it never contains CR or LF. A feed that does not end
+  that line is appended to it, and only the feed's own bytes are searched, so the cost is linear in
+  the bytes received however they are split (a long line sent one byte per read costs what it
+  costs in whole reads, per call). The line is joined and scanned once more when it ends.
+- An event's data is bounded: at most `max_line` bytes of data values and at most `max_line` data
+  lines (an endless run of empty `data:` lines would otherwise grow without a byte of data). A
+  second and later data line is appended to one buffer, not kept as an object per line.
 - An event is dispatched only at its blank line. At EOF an undispatched event or line is dropped
   (as the spec says) and `partial_event` records that there was one.
 - `[DONE]` is recognised only as the exact data of a dispatched event. After it the decoder is
@@ -71,8 +77,10 @@ class SseDecoder:
     __slots__ = (
         "_clean",
         "_cr_pending",
-        "_data",
         "_data_bytes",
+        "_data_first",
+        "_data_lines",
+        "_data_more",
         "_done",
         "_ended",
         "_failure",
@@ -87,8 +95,12 @@ class SseDecoder:
         if max_line < 1:
             raise ValueError(f"max_line must be positive, got {max_line}")
         self._max_line = max_line
-        self._tail = b""
-        self._data: list[bytes] = []
+        self._tail = bytearray()
+        # The data of the event being read: the first line's value, then "\n" and the value of
+        # each later line; `_data_bytes` counts the values alone, `_data_lines` the lines.
+        self._data_first = b""
+        self._data_more = bytearray()
+        self._data_lines = 0
         self._data_bytes = 0
         self._cr_pending = False
         self._started = False
@@ -139,11 +151,16 @@ class SseDecoder:
                 data = data[1:]
                 if not data:
                     return []
-        if self._tail:
-            data = self._tail + data
+        tail = self._tail
+        if tail:
+            if self._started and b"\n" not in data and b"\r" not in data:
+                self._line_goes_on(data)
+                return []
+            data = b"".join((tail, data))
+            tail.clear()
         if not self._started:
             if len(data) < 3 and _BOM.startswith(data):
-                self._tail = data  # may still become a byte-order mark
+                tail += data  # may still become a byte-order mark
                 return []
             self._started = True
             if data.startswith(_BOM):
@@ -153,14 +170,14 @@ class SseDecoder:
                 self._cr_pending = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = data.split(b"\n")
-        self._tail = lines.pop()
+        last = lines.pop()
+        if last:
+            tail += last
         out: list[SseEvent] = []
         try:
             self._lines(lines, out, len(data) > self._max_line)
-            if len(self._tail) > self._max_line and not self._done:
-                raise ProtocolError(
-                    f"SSE line over {self._max_line} bytes (still unterminated at {len(self._tail)} bytes)"
-                )
+            if len(tail) > self._max_line and not self._done:
+                raise ProtocolError(f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)")
         except (ProtocolError, HttpError) as exc:
             self._failure = exc
             self._clean = False
@@ -168,8 +185,20 @@ class SseDecoder:
                 return out  # the error is raised by the next call
             self._failure_raised = True
             raise
-        self._clean = not (self._tail or self._data or self._cr_pending or self._done)
+        self._clean = not (tail or self._data_lines or self._cr_pending or self._done)
         return out
+
+    def _line_goes_on(self, data: bytes) -> None:
+        """`data` continues the unfinished line and does not end it: appended, without copying or
+        searching what came before."""
+        tail = self._tail
+        tail += data
+        if len(tail) > self._max_line:
+            self._failure = ProtocolError(
+                f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)"
+            )
+            self._failure_raised = True
+            raise self._failure
 
     def end(self) -> list[SseEvent]:
         """The stream hit EOF. Returns no events; sets `partial_event` if one was cut off."""
@@ -180,9 +209,9 @@ class SseDecoder:
             return []
         self._ended = True
         self._clean = False
-        self.partial_event = bool(self._tail) or bool(self._data)
-        self._tail = b""
-        self._data = []
+        self.partial_event = bool(self._tail) or bool(self._data_lines)
+        self._tail.clear()
+        self._clear_data()
         return []
 
     def _raise_failure(self) -> None:
@@ -195,36 +224,52 @@ class SseDecoder:
 
     def _lines(self, lines: list[bytes], out: list[SseEvent], check_length: bool) -> None:
         # `check_length` is False when the whole feed is shorter than a line may be.
-        data = self._data
         for line in lines:
             if check_length and len(line) > self._max_line:
                 raise ProtocolError(f"SSE line of {len(line)} bytes, over {self._max_line} bytes")
             if not line:
-                if data:
+                if self._data_lines:
                     self._dispatch(out)
                     if self._done:
                         return
-                    data = self._data
             elif line[:5] == b"data:":
                 value = line[6:] if line[5:6] == b" " else line[5:]
-                data.append(value)
                 self._data_bytes += len(value)
                 if self._data_bytes > self._max_line:
                     raise ProtocolError(f"SSE event data over {self._max_line} bytes")
+                if self._data_lines:
+                    self._more_data(value)
+                else:
+                    self._data_first = value
+                    self._data_lines = 1
             elif line[0] == 58:  # ":"
                 out.append(SseComment(_text(line[1:], "comment")))
             else:
                 self._field(line)
 
-    def _dispatch(self, out: list[SseEvent]) -> None:
-        data = self._data
-        raw = data[0] if len(data) == 1 else b"\n".join(data)
-        self._data = []
+    def _more_data(self, value: bytes) -> None:
+        """A second or later data line of the event: "\\n" and `value` join what came before."""
+        if self._data_lines >= self._max_line:
+            raise ProtocolError(f"SSE event of more than {self._max_line} data lines")
+        more = self._data_more
+        more += b"\n"
+        more += value
+        self._data_lines += 1
+
+    def _clear_data(self) -> None:
+        self._data_first = b""
+        if self._data_lines > 1:
+            self._data_more = bytearray()
+        self._data_lines = 0
         self._data_bytes = 0
+
+    def _dispatch(self, out: list[SseEvent]) -> None:
+        raw = self._data_first if self._data_lines == 1 else self._data_first + self._data_more
+        self._clear_data()
         if raw == _DONE:
             out.append(SSE_DONE)
             self._done = True
-            self._tail = b""
+            self._tail.clear()
             self._cr_pending = False
             return
         out.append(SseData(_text(raw, "data")))
@@ -237,7 +282,10 @@ class SseDecoder:
         if name == b"error":
             raise _error_from_text(text)
         if name == b"data":  # a bare "data" line: an empty data line
-            self._data.append(b"")
+            if self._data_lines:
+                self._more_data(b"")
+            else:
+                self._data_lines = 1
             return
         _text(name, "field name")
         # event:, id:, retry: and unknown fields carry nothing a chat stream uses: ignored, as the
