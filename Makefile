@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The blocking flavour is generated from the asyncio source: a stale or hand-edited copy fails here.
 lint: $(STAMP)
+	$(PY) scripts/unasync.py --check
 	$(VENV)/bin/ruff check src tests bench scripts
 	$(VENV)/bin/ruff format --check src tests bench scripts
 

@@ -67,17 +67,17 @@ class AsyncBridge:
     def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> BridgedStream:
         return BridgedStream(self.client.stream_with_retry(req, cancel=cancel))
 
-    def render(self, req: ChatRequest) -> bytes:
-        return run(self.client.render(req))
+    def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
+        return run(self.client.render(req, cancel))
 
-    def props(self) -> Props:
-        return run(self.client.props())
+    def props(self, cancel: CancelToken | None = None) -> Props:
+        return run(self.client.props(cancel))
 
-    def slots(self) -> list[SlotInfo]:
-        return run(self.client.slots())
+    def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
+        return run(self.client.slots(cancel))
 
-    def tokenize(self, text: str) -> list[Token]:
-        return run(self.client.tokenize(text))
+    def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
+        return run(self.client.tokenize(text, cancel))
 
     def close(self) -> None:
         run(self.client.aclose())
@@ -93,8 +93,7 @@ class AsyncBridge:
     @property
     def _gate(self) -> SlotGate:
         """The slot gate underneath (the tests that peek at the sync client's `_gate` read it)."""
-        gate = self.client._gate
-        return gate.gate if not isinstance(gate, SlotGate) else gate
+        return self.client._gate
 
 
 class BridgedStream:

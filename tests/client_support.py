@@ -18,14 +18,15 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from adapters.fake_server import FakeServer, RecordedRequest
-from adapters.uds_http.aio import AsyncUdsTransport
-from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
-from adapters.uds_http.transport import UdsTransport
+from adapters.fake_server import AsyncFakeClock, FakeClock, FakeServer, RecordedRequest
+from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.client import Client
 from app.config import Config, parse_config
 from app.container import Container
+from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from async_bridge import AsyncBridge, run
+from domain.bodies import FetchLimits
 from domain.completion import Completion, FinishReason, Timings
 from domain.events import ChatEvent, Content, Progress
 from domain.messages import ChatRequest, UserMessage
@@ -55,10 +56,12 @@ def overridden() -> Iterator[Callable[..., Container]]:
     """The one way tests override providers: `with overridden() as make:` then
     `make(config, clock=..., transport=...)` builds a container whose providers are overridden
     until the block ends (`Container.override_providers` as a context manager, for every
-    container built)."""
+    container built). A `FakeClock` given as `clock` is the async client's clock too."""
     with contextlib.ExitStack() as stack:
 
         def make(config: Config, **providers: Any) -> Container:
+            if isinstance(providers.get("clock"), FakeClock) and "async_clock" not in providers:
+                providers["async_clock"] = AsyncFakeClock(providers["clock"])  # one fake time for both
             container = Container(config=config)
             stack.enter_context(container.override_providers(**providers))
             return container
@@ -99,11 +102,12 @@ def client_for(server: FakeServer, **options: Any) -> Client:
 def probe_on(socket_path: str, *, timeout: float, body_bytes: int) -> dict[str, Any]:
     """A provider override for the current kind: a `/slots` probe on `socket_path` (the sync
     client's `probe`, or the async client's `async_probe`)."""
+    limits = FetchLimits(timeout, timeout, body_bytes, 4096)
     if _kind[0] == "async":
         transport = AsyncUdsTransport(socket_path, header_bytes=16384)
-        return {"async_probe": AsyncHttpSlotProbe(transport, timeout=timeout, body_bytes=body_bytes)}
+        return {"async_probe": AsyncHttpSlotProbe(transport, AsyncSystemClock(), limits)}
     blocking = UdsTransport(socket_path, header_bytes=16384)
-    return {"probe": HttpSlotProbe(blocking, timeout=timeout, body_bytes=body_bytes)}
+    return {"probe": HttpSlotProbe(blocking, SystemClock(), limits)}
 
 
 def probe_state(container: Container, slot: int) -> SlotState:

@@ -1,25 +1,61 @@
-"""The real clock: `time.monotonic`, `time.sleep` and `asyncio.sleep` behind the `AsyncClock` port."""
+"""The real clocks: `time.monotonic` with a blocking or an asyncio sleep, behind the `Clock` and
+`AsyncClock` ports (the same signatures; see `ports.clock`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+
+from ports.transport import CancelSignal
+
+__all__ = ["AsyncSystemClock", "SystemClock"]
+
+
+def _check(seconds: float) -> None:
+    if seconds < 0:
+        raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
 
 
 class SystemClock:
     def now(self) -> float:
         return time.monotonic()
 
-    def sleep(self, seconds: float, wake: threading.Event | None = None) -> None:
-        if seconds < 0:
-            raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
-        if wake is not None:
-            wake.wait(seconds)
-        elif seconds:
-            time.sleep(seconds)
+    def sleep(self, seconds: float, cancel: CancelSignal | None = None) -> None:
+        _check(seconds)
+        if cancel is None:
+            if seconds:
+                time.sleep(seconds)
+            return
+        woken = threading.Event()
+        unlink = cancel.on_cancel(woken.set)
+        try:
+            woken.wait(seconds)
+        finally:
+            unlink()
 
-    async def sleep_async(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
-        await asyncio.sleep(seconds)
+
+class AsyncSystemClock:
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float, cancel: CancelSignal | None = None) -> None:
+        _check(seconds)
+        if cancel is None:
+            await asyncio.sleep(seconds)
+            return
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody sleeps any more
+                loop.call_soon_threadsafe(woken.set)
+
+        unlink = cancel.on_cancel(wake)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await woken.wait()
+        finally:
+            unlink()

@@ -6,7 +6,7 @@ from a source tree that was never installed.
 
 from importlib import metadata as _metadata
 
-__all__ = ["__version__", "async_client", "async_gate", "client", "config", "container", "selftest"]
+__all__ = ["__version__", "async_client", "client", "config", "container", "selftest"]
 
 try:
     __version__ = _metadata.version("inferpath")

@@ -10,21 +10,16 @@ import random
 
 from dependency_injector import containers, providers
 
-from adapters.system import SystemClock
-from adapters.uds_http.aio import AsyncUdsTransport
-from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
-from adapters.uds_http.transport import UdsTransport
+from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.async_client import AsyncClient
 from app.client import Client
 from app.config import Config
-from domain.chat_stream import StreamLimits
+from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from domain.gate import SlotGate
-from domain.limits import ClientLimits
+from domain.limits import ClientLimits, FetchLimits, StreamLimits
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
-
-# The /slots probe answers fast or not at all; it never waits longer than this.
-PROBE_TIMEOUT_S = 2.0
 
 
 def request_settings(config: Config) -> RequestSettings:
@@ -64,8 +59,8 @@ def retry_policy(config: Config, rng: random.Random) -> RetryPolicy:
     return RetryPolicy(attempts=r.attempts, delays_ms=r.delays_ms, jitter=r.jitter, total_ms=r.total_ms, rng=rng)
 
 
-def probe_timeout(config: Config) -> float:
-    return min(config.limits.poll_ms / 1000.0, PROBE_TIMEOUT_S)
+def probe_limits(limits: ClientLimits) -> FetchLimits:
+    return limits.probe()
 
 
 def total_slots(config: Config) -> int | None:
@@ -78,6 +73,8 @@ class Container(containers.DeclarativeContainer):
     # Thread-safe: a daemon may resolve `client()` from several threads at once, and a plain
     # Singleton would then build one client, one slot gate and one transport per thread.
     clock = providers.ThreadSafeSingleton(SystemClock)
+    async_clock = providers.ThreadSafeSingleton(AsyncSystemClock)
+    limits = providers.ThreadSafeSingleton(client_limits, config)
     rng = providers.ThreadSafeSingleton(random.Random)
     transport = providers.ThreadSafeSingleton(
         UdsTransport,
@@ -87,9 +84,8 @@ class Container(containers.DeclarativeContainer):
     probe = providers.ThreadSafeSingleton(
         HttpSlotProbe,
         transport=transport,
-        timeout=providers.Callable(probe_timeout, config),
-        body_bytes=config.provided.limits.body_bytes,
         clock=clock,
+        limits=providers.Callable(probe_limits, limits),
         model=config.provided.model,
     )
     gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
@@ -101,12 +97,12 @@ class Container(containers.DeclarativeContainer):
         gate=gate,
         retry_policy=providers.Callable(retry_policy, config, rng),
         request_settings=providers.Callable(request_settings, config),
-        limits=providers.Callable(client_limits, config),
+        limits=limits,
         total_slots=providers.Callable(total_slots, config),
     )
 
-    # The asyncio client: the same settings, clock and slot gate (so a sync call and an async
-    # call never hold one slot at once), its own transport and probe on the event loop.
+    # The asyncio client: the same settings, limits and slot gate (so a sync call and an async
+    # call never hold one slot at once), its own clock, transport and probe on the event loop.
     async_transport = providers.ThreadSafeSingleton(
         AsyncUdsTransport,
         socket_path=config.provided.socket,
@@ -115,19 +111,18 @@ class Container(containers.DeclarativeContainer):
     async_probe = providers.ThreadSafeSingleton(
         AsyncHttpSlotProbe,
         transport=async_transport,
-        timeout=providers.Callable(probe_timeout, config),
-        body_bytes=config.provided.limits.body_bytes,
-        clock=clock,
+        clock=async_clock,
+        limits=providers.Callable(probe_limits, limits),
         model=config.provided.model,
     )
     async_client = providers.ThreadSafeSingleton(
         AsyncClient,
         transport=async_transport,
         probe=async_probe,
-        clock=clock,
+        clock=async_clock,
         gate=gate,
         retry_policy=providers.Callable(retry_policy, config, rng),
         request_settings=providers.Callable(request_settings, config),
-        limits=providers.Callable(client_limits, config),
+        limits=limits,
         total_slots=providers.Callable(total_slots, config),
     )

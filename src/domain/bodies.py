@@ -1,51 +1,52 @@
-"""A body read whole, under one deadline and one size limit, over the `Exchange` port.
+"""What a body read whole must be, sans-IO: the rules of the small requests, as values.
 
-For answers that are not streams (`/props`, `/slots`, `/tokenize`) and for error bodies. The
-exchange de-frames; this only adds the deadline and the limit, so every exchange gets the same
-rule:
+For answers that are not streams (`/props`, `/slots`, `/tokenize`, `reasoning_end`) and for the
+body of an error answer. The call code (`app._async.fetch`, written once for both flavours) only
+moves the bytes over the `Exchange` port and hands each result to these objects:
 
-- the head (if it has not come yet) and the whole body within `timeout` seconds in all, or
-  `Stalled` saying how far it came;
-- at most `limit` body bytes, or `ProtocolError` naming the limit. A `Content-Length` over the
-  limit is refused before any body byte is read: the promise is enough.
-
-The rule is `WholeBody` (what arrived in, the verdict out); `read_all` and `read_all_async`
-only move the bytes, over the `Exchange` and `AsyncExchange` ports.
+- `FetchLimits`: the head within `head_wait_s` of sending; then the body (or an error body)
+  within `body_wait_s` more, in all, however it trickles in.
+- `answered(head, ...)`: no head within its wait is `Stalled`.
+- `WholeBody`: the head (if it has not come yet) and the whole body within `timeout` seconds in
+  all, or `Stalled` saying how far it came; at most `limit` body bytes, or `ProtocolError`
+  naming the limit. A `Content-Length` over the limit is refused before any body byte is read:
+  the promise is enough.
+- `ErrorBody`: an error answer's status is the news, so its body is kept as far as it came by
+  its deadline, up to its cap: a slow, long or cut error body is never an error of its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from domain.errors import ProtocolError, Stalled
-from ports.clock import Clock
-from ports.transport import AsyncExchange, Exchange, ResponseHead, TimedOut
+from ports.transport import ResponseHead, TimedOut
+
+__all__ = ["ErrorBody", "FetchLimits", "WholeBody", "answered", "promised_length"]
 
 _NO_BODY = (204, 304)
 
 
-def read_all(exchange: Exchange, clock: Clock, limit: int, timeout: float) -> bytes:
-    """The body of `exchange`, whole (see the module for the rule). Errors of `head` and `read`
-    (a cut, malformed framing) pass through."""
-    deadline = clock.now() + timeout
-    body = WholeBody(exchange.what, limit, timeout)
-    body.start(exchange.head(timeout))
-    while not body.take(exchange.read(max(deadline - clock.now(), 0.0))):
-        pass
-    return body.data()
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """The limits of one small request (built by `domain.limits.ClientLimits`)."""
+
+    head_wait_s: float
+    body_wait_s: float
+    body_bytes: int
+    error_body_bytes: int
 
 
-async def read_all_async(exchange: AsyncExchange, clock: Clock, limit: int, timeout: float) -> bytes:
-    """`read_all` over an `AsyncExchange`."""
-    deadline = clock.now() + timeout
-    body = WholeBody(exchange.what, limit, timeout)
-    body.start(await exchange.head(timeout))
-    while not body.take(await exchange.read(max(deadline - clock.now(), 0.0))):
-        pass
-    return body.data()
+def answered(head: ResponseHead | TimedOut, method: str, path: str, limits: FetchLimits) -> ResponseHead:
+    """The head of a small request, or `Stalled` if it did not come within its wait."""
+    if isinstance(head, TimedOut):
+        raise Stalled(f"{method} {path}: no answer within {limits.head_wait_s * 1000:.0f} ms")
+    return head
 
 
 class WholeBody:
-    """One body wanted whole, sans-IO: `start(head)`, then `take(piece)` until it returns True,
-    then `data()`. Each raises what the rule says when it is broken."""
+    """One body wanted whole: `start(head)`, then `take(piece)` until it returns True, then
+    `data()`. Each raises what the rule says when it is broken."""
 
     __slots__ = ("_limit", "_parts", "_timeout", "_total", "_what")
 
@@ -80,6 +81,34 @@ class WholeBody:
 
     def data(self) -> bytes:
         return b"".join(self._parts)
+
+
+class ErrorBody:
+    """Up to `limit` bytes of an error answer's body, as far as it came by `deadline` (a time on
+    the caller's clock): `wait(now)` is how long to read for next (None: stop reading), `take`
+    each read's result (True: stop reading), then `data()`."""
+
+    __slots__ = ("_deadline", "_kept", "_limit")
+
+    def __init__(self, limit: int, deadline: float) -> None:
+        self._limit = limit
+        self._deadline = deadline
+        self._kept = bytearray()
+
+    def wait(self, now: float) -> float | None:
+        if len(self._kept) >= self._limit:
+            return None
+        left = self._deadline - now
+        return left if left > 0.0 else None
+
+    def take(self, piece: bytes | TimedOut) -> bool:
+        if isinstance(piece, TimedOut) or not piece:
+            return True
+        self._kept += piece[: self._limit - len(self._kept)]
+        return len(self._kept) >= self._limit
+
+    def data(self) -> bytes:
+        return bytes(self._kept)
 
 
 def promised_length(head: ResponseHead) -> int | None:

@@ -87,3 +87,20 @@ class RequestError(InferError, ValueError):
     """A request that must not be sent (a slot id out of range, `tool_choice` "required" with no
     tool, text that is not valid Unicode, ...); nothing was sent. The message names what is wrong
     and where. Also a `ValueError`, since it is the caller's input that is wrong."""
+
+
+# Errors whose messages are all the client's own words (times, sizes, paths, counts): a log line
+# may quote them. Every other message may carry the server's text or the caller's.
+_OWN_WORDS = (Busy, ConnectError, WaitTimeout, LoadTimeout, Stalled, StreamClosedEarly, Cancelled)
+
+
+def loggable(error: InferError) -> str:
+    """`error` as a log line may carry it: never a byte of the server's text (an error body or a
+    quoted answer may echo the prompt or the answer) nor of the caller's. An `HttpError` is its
+    status; a `ProtocolError`, `ThinkingOverrun` or `RequestError` only its type; the others
+    their own words. The exception itself keeps everything for the caller."""
+    if isinstance(error, HttpError):
+        return f"HttpError (HTTP {error.status})"
+    if isinstance(error, _OWN_WORDS):
+        return f"{type(error).__name__}: {error}"
+    return type(error).__name__

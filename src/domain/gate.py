@@ -41,7 +41,7 @@ from domain.events import ChatEvent, Queued
 class _Slot:
     __slots__ = ("cond", "holder", "waiters")
 
-    def __init__(self, lock: threading.Lock) -> None:
+    def __init__(self, lock: threading.RLock) -> None:
         self.cond = threading.Condition(lock)
         self.holder: Ticket | None = None
         self.waiters: deque[Ticket] = deque()
@@ -82,7 +82,9 @@ class SlotGate:
         if isinstance(queue_per_slot, bool) or not isinstance(queue_per_slot, int) or queue_per_slot < 0:
             raise ValueError(f"queue_per_slot must be a non-negative integer, not {queue_per_slot!r}")
         self._queue_per_slot = queue_per_slot
-        self._lock = threading.Lock()
+        # Re-entrant: a cancel's wake-up (`_wake`) may run in a signal handler that interrupted
+        # this thread while it held the lock.
+        self._lock = threading.RLock()
         self._slots: dict[int, _Slot] = {}
 
     def waiting(self, slot: int) -> int:
@@ -104,7 +106,7 @@ class SlotGate:
         error (`Cancelled`) if it is cancelled while queued."""
         ticket = self.enter(slot)
         try:
-            ahead = ticket.ahead
+            ahead: int | None = ticket.ahead
             while ahead:
                 on_event(Queued(ahead))
                 ahead = self.wait(ticket, cancel)
@@ -131,9 +133,10 @@ class SlotGate:
                 ticket.ahead = len(state.waiters)
         return ticket
 
-    def wait(self, ticket: Ticket, cancel: CancelToken | None = None) -> int:
-        """Block until the ticket holds its slot (0) or moved up the queue (the new `ahead`);
-        raises the token's error if it is cancelled first (the caller then `leave`s)."""
+    def wait(self, ticket: Ticket, cancel: CancelToken | None = None, timeout: float | None = None) -> int | None:
+        """Block until the ticket holds its slot (0) or moved up the queue (the new `ahead`), or
+        `timeout` seconds passed with no move (None); raises the token's error if it is
+        cancelled first (the caller then `leave`s)."""
         state = ticket.state
         forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
         try:
@@ -141,7 +144,13 @@ class SlotGate:
                 while (ahead := state.moved(ticket)) is None:
                     if cancel is not None and cancel.cancelled:
                         raise cancel.error()
-                    state.cond.wait()
+                    if not state.cond.wait(timeout) and timeout is not None:
+                        ahead = state.moved(ticket)
+                        if ahead is None:
+                            if cancel is not None and cancel.cancelled:
+                                raise cancel.error()
+                            return None
+                        break
                 ticket.ahead = ahead
                 return ahead
         finally:

@@ -1,4 +1,5 @@
-"""The plain values that bound the client, built from the config by the container.
+"""The plain values that bound the client, built from the config by the container: the one home
+of every limit and of every limit derived from another.
 
 Every field is required: the defaults live in the config (`app.config`) and nowhere else.
 """
@@ -6,15 +7,23 @@ Every field is required: the defaults live in the config (`app.config`) and nowh
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
+from domain.bodies import FetchLimits
 from domain.chat_stream import StreamLimits
+from domain.waiting import FirstByteWait
+
+__all__ = ["PROBE_TIMEOUT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
+
+# The /slots probe answers fast or not at all; it never waits longer than this (nor than a poll).
+PROBE_TIMEOUT_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
-    """`poll_ms` … `idle_grace_ms` bound the wait for the response head (`domain.waiting`);
-    `body_bytes` caps a body that is not a stream and `error_body_bytes` what an `HttpError`
-    keeps; `stream` bounds the stream itself."""
+    """`poll_ms` … `idle_grace_ms` bound the wait for the response head (`domain.waiting`) and
+    the wait at the local slot gate (`busy_wait_ms`); `body_bytes` caps a body that is not a
+    stream and `error_body_bytes` what an `HttpError` keeps; `stream` bounds the stream itself."""
 
     poll_ms: int
     busy_wait_ms: int
@@ -23,3 +32,36 @@ class ClientLimits:
     body_bytes: int
     error_body_bytes: int
     stream: StreamLimits
+
+    @property
+    def liveness_s(self) -> float:
+        return self.stream.liveness_ms / 1000.0
+
+    def info(self) -> FetchLimits:
+        """`/props`, `/slots`, `/tokenize`: they may meet a router loading the model."""
+        return FetchLimits(self.load_wait_ms / 1000.0, self.liveness_s, self.body_bytes, self.error_body_bytes)
+
+    def control(self) -> FetchLimits:
+        """`reasoning_end`: made while the stream is not read, so it gets the liveness limit."""
+        return FetchLimits(self.liveness_s, self.liveness_s, self.body_bytes, self.error_body_bytes)
+
+    def probe(self) -> FetchLimits:
+        """The `/slots` probe: the head and the body each within one short timeout."""
+        timeout = min(self.poll_ms / 1000.0, PROBE_TIMEOUT_S)
+        return FetchLimits(timeout, timeout, self.body_bytes, self.error_body_bytes)
+
+    def first_byte_wait(self, sent: float, slot: int) -> FirstByteWait:
+        """The wait for the response head of a chat request sent at `sent`."""
+        return FirstByteWait(
+            poll_ms=self.poll_ms,
+            busy_wait_ms=self.busy_wait_ms,
+            load_wait_ms=self.load_wait_ms,
+            idle_grace_ms=self.idle_grace_ms,
+            sent_at=sent,
+            slot=slot,
+        )
+
+    @property
+    def gate_wait_s(self) -> float:
+        """How long a caller may wait at the local slot gate before `WaitTimeout`."""
+        return self.busy_wait_ms / 1000.0

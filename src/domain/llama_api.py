@@ -1,4 +1,5 @@
-"""llama-server's HTTP API in one place: its paths, its query, and the parsing of its JSON answers.
+"""llama-server's HTTP API in one place: its paths, its query, the small request bodies, what a
+chat answer's head must say, and the parsing of its JSON answers.
 
 Pure: bytes in, typed values out. The adapters move the bytes; this module decides what they mean.
 
@@ -21,9 +22,10 @@ from typing import Any, Final
 
 import orjson
 
-from domain.errors import ProtocolError
+from domain.errors import ProtocolError, RequestError
 from domain.hashing import sha256
 from ports.slot_probe import SlotState
+from ports.transport import ResponseHead
 
 CHAT_PATH: Final = "/v1/chat/completions"
 CONTROL_PATH: Final = "/v1/chat/completions/control"
@@ -202,3 +204,22 @@ def slot_state(raw: bytes, slot: int) -> SlotState:
                 return SlotState.IDLE
             return SlotState.UNAVAILABLE
     return SlotState.UNAVAILABLE
+
+
+def not_a_stream(head: ResponseHead) -> ProtocolError | None:
+    """A whole answer where a stream was asked for would read as a stream without its final
+    chunk and be retried; it is a server that ignored `stream: true`."""
+    kind = head.header("content-type")
+    if kind is not None and not kind.lower().startswith("text/event-stream"):
+        return ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
+    return None
+
+
+def tokenize_body(text: object, model: str | None) -> bytes:
+    """The body of `POST /tokenize` for `text`, with each token's piece."""
+    if type(text) is not str:
+        raise RequestError(f"tokenize takes text (a str), not {type(text).__name__}")
+    try:
+        return orjson.dumps({"content": text, "with_pieces": True, "model": model})
+    except orjson.JSONEncodeError as exc:
+        raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc

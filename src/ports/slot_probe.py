@@ -27,7 +27,7 @@ class SlotProbe(Protocol):
 
 @runtime_checkable
 class AsyncSlotProbe(Protocol):
-    """`SlotProbe` for asyncio: the same answers, awaited; cancelling the awaiting task closes
-    the probe's connection and raises `asyncio.CancelledError`."""
+    """`SlotProbe` for asyncio: the same signature and answers, awaited; cancelling the awaiting
+    task closes the probe's connection and raises `asyncio.CancelledError`."""
 
-    async def state(self, slot: int) -> SlotState: ...
+    async def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState: ...

@@ -41,11 +41,13 @@ class ByteStream(Protocol):
 @runtime_checkable
 class AsyncByteStream(Protocol):
     """`ByteStream` for asyncio: `send_all` and `recv` are awaited and meet the same contract;
-    `close()` closes at once (the peer sees it). There is no `shutdown`: cancelling the task
-    blocked in `recv` ends the wait."""
+    `shutdown()` and `close()` are not awaited and act at once (the peer sees the close).
+    Cancelling the task blocked in `recv` or `send_all` ends the wait too."""
 
     async def send_all(self, data: bytes, timeout: float) -> None: ...
 
     async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut: ...
+
+    def shutdown(self) -> None: ...
 
     def close(self) -> None: ...

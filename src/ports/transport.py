@@ -9,7 +9,7 @@ script, see `ports.stream`):
   cannot be reached, `domain.errors.StreamClosedEarly` if the connection breaks while the
   request is being written, and `domain.errors.Stalled` if writing it takes over `timeout`.
 - `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
-  aborts it, and closing it unregisters.
+  aborts it (even while the request is still being written), and closing it unregisters.
 - `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts
   with it.
 - `Exchange.head(timeout)` waits up to `timeout` seconds for the status line and headers. It
@@ -24,8 +24,8 @@ script, see `ports.stream`):
   head first if need be, within the same `timeout`. EOF before the body's end raises
   `StreamClosedEarly` saying where; malformed framing raises `ProtocolError`. The timeout may
   differ on every call; zero or less polls.
-- A body wanted whole (not a stream, or an error body) is read by `domain.whole_body.read_all`
-  over these calls, under one deadline and one size limit.
+- A body wanted whole (not a stream, or an error body) is read over these calls by the call code
+  (`app._async.fetch`), under the rules of `domain.bodies`: one deadline and one size limit.
 - `Exchange.close()` closes the connection (cancelling generation on the server); it is
   idempotent and never raises. After close, `head` (if the head had not come) and `read` raise
   `StreamClosedEarly`.
@@ -34,11 +34,14 @@ script, see `ports.stream`):
   `StreamClosedEarly`); it never raises, and the owner still calls `close()`.
 - No `OSError` escapes: every socket failure is mapped to a `domain.errors.InferError`.
 
-`AsyncTransport` and `AsyncExchange` are the same contract for asyncio: `open`, `head` and `read`
-are awaited, `close()` is not (it closes the socket at once, so it is safe in a `finally` of a
-cancelled task). There is no `abort()` and no `cancel` signal: cancelling the task that awaits
-ends the wait (`asyncio.CancelledError`), and its owner's `close()` then closes the connection.
-Nothing blocks the event loop.
+`AsyncTransport` and `AsyncExchange` are the same contract with the same signatures for asyncio:
+`open`, `head` and `read` are awaited, `close()` and `abort()` are not (they act on the socket at
+once, so they are safe in a `finally` of a cancelled task and from another thread). Cancelling
+the task that awaits ends the wait too (`asyncio.CancelledError`), and its owner's `close()` then
+closes the connection. Nothing blocks the event loop.
+
+- `Transport.open(..., cancel=signal)` ties the exchange to the call's cancellation before the
+  first byte of the request is written, so a cancel while a large request is written ends it.
 """
 
 from __future__ import annotations
@@ -122,6 +125,8 @@ class AsyncExchange(Protocol):
 
     def close(self) -> None: ...
 
+    def abort(self) -> None: ...
+
 
 @runtime_checkable
 class AsyncTransport(Protocol):
@@ -132,4 +137,5 @@ class AsyncTransport(Protocol):
         body: bytes | None = None,
         *,
         timeout: float,
+        cancel: CancelSignal | None = None,
     ) -> AsyncExchange: ...

@@ -74,7 +74,7 @@ async def test_a_full_answer_equals_the_sync_clients_completion_and_events(serve
 
     assert completion == expected == ANSWER_COMPLETION
     assert async_events == sync_events == ANSWER_EVENTS
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_a_stream_iterates_the_events_then_has_the_completion(server: FakeServer) -> None:
@@ -245,7 +245,7 @@ async def test_a_sync_call_holding_slot_0_makes_an_async_call_queue(server: Fake
     sync, aio = clients(server)
     holder = threading.Thread(target=lambda: sync.chat(REQ, lambda event: None))
     holder.start()
-    await until(lambda: aio._gate.gate.held(0))
+    await until(lambda: aio._gate.held(0))
     events: list[ChatEvent] = []
 
     task = asyncio.create_task(aio.chat(REQ, events.append))
@@ -259,14 +259,14 @@ async def test_a_sync_call_holding_slot_0_makes_an_async_call_queue(server: Fake
 
     assert completion == ANSWER_COMPLETION
     assert events == [Queued(1), *ANSWER_EVENTS]
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_an_async_call_holding_slot_0_makes_a_sync_call_queue(server: FakeServer) -> None:
     release = _hold_slot_0(server)
     sync, aio = clients(server)
     task = asyncio.create_task(aio.chat(REQ, lambda event: None))
-    await until(lambda: aio._gate.gate.held(0))
+    await until(lambda: aio._gate.held(0))
     events: list[ChatEvent] = []
     outcome: list[Any] = []
     queued = threading.Thread(target=lambda: outcome.append(sync.chat(REQ, events.append)))
@@ -287,7 +287,7 @@ async def test_async_calls_queue_in_order_and_a_full_queue_is_busy(server: FakeS
     container = Container(config=config_for(server.socket_path, queue_per_slot=2, liveness_ms=2000, poll_ms=2000))
     aio = container.async_client()
     first = asyncio.create_task(aio.chat(REQ, lambda event: None))
-    await until(lambda: aio._gate.gate.held(0))
+    await until(lambda: aio._gate.held(0))
     seen: list[list[ChatEvent]] = [[], []]
     second = asyncio.create_task(aio.chat(REQ, seen[0].append))
     await until(lambda: seen[0] == [Queued(1)])
@@ -339,7 +339,7 @@ async def test_cancel_while_streaming_ends_at_once_and_closes_the_stream(server:
     assert latency < WITHIN_S
     (stream,) = recorded(server, CHAT)
     assert stream.client_closed.wait(1.0), "closing the connection is what stops the generation"
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_cancel_while_waiting_for_the_head_ends_at_once(server: FakeServer) -> None:
@@ -354,7 +354,7 @@ async def test_cancel_while_waiting_for_the_head_ends_at_once(server: FakeServer
     assert isinstance(raised, asyncio.CancelledError)
     assert latency < WITHIN_S
     assert all(r.client_closed.wait(1.0) for r in server.requests)
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_cancel_during_a_slots_poll_ends_at_once_and_closes_the_poll(server: FakeServer) -> None:
@@ -382,7 +382,7 @@ async def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: 
     release = _hold_slot_0(server)
     aio = async_client(server, liveness_ms=2000, poll_ms=2000)
     holder = asyncio.create_task(aio.chat(REQ, lambda event: None))
-    await until(lambda: aio._gate.gate.held(0))
+    await until(lambda: aio._gate.held(0))
     events: list[ChatEvent] = []
 
     latency, raised = await cancel_when(aio.chat(REQ, events.append), lambda: bool(events))
@@ -394,7 +394,7 @@ async def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: 
     assert latency < WITHIN_S
     assert events == [Queued(1)]
     assert len(recorded(server, CHAT)) == 1, "the cancelled request was never sent"
-    assert aio._gate.gate.waiting(0) == 0
+    assert aio._gate.waiting(0) == 0
 
 
 async def test_cancel_while_posting_reasoning_end_ends_at_once(server: FakeServer) -> None:
@@ -430,7 +430,7 @@ async def test_cancel_while_waiting_to_retry_makes_no_later_attempt(server: Fake
     assert isinstance(raised, asyncio.CancelledError)
     assert latency < WITHIN_S
     assert len(recorded(server, CHAT)) == 1
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_cancelling_a_task_iterating_a_stream_closes_the_connection(server: FakeServer) -> None:
@@ -448,7 +448,7 @@ async def test_cancelling_a_task_iterating_a_stream_closes_the_connection(server
     assert isinstance(raised, asyncio.CancelledError)
     assert latency < WITHIN_S
     assert recorded(server, CHAT)[0].client_closed.wait(1.0)
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_cancelled_inside_a_timeout_the_caller_gets_timeout_error(server: FakeServer) -> None:
@@ -542,7 +542,7 @@ async def test_aclose_ends_calls_in_flight_and_queued_and_refuses_new_ones(serve
             [event async for event in s]
     assert len(server.requests) == requests_before, "a closed client touches no server"
     assert recorded(server, CHAT)[0].client_closed.wait(1.0)
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
 
 
 async def test_a_client_used_as_an_async_context_manager_is_closed_after_it(server: FakeServer) -> None:
@@ -564,7 +564,7 @@ async def test_leaving_a_stream_early_closes_the_connection_at_once(server: Fake
             break
     (stream,) = recorded(server, CHAT)
     assert stream.client_closed.wait(1.0)
-    assert not aio._gate.gate.held(0)
+    assert not aio._gate.held(0)
     with pytest.raises(RuntimeError, match="no completion"):
         s.completion  # noqa: B018
 

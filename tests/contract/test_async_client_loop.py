@@ -63,7 +63,7 @@ def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog:
     answer = "".join(f" w{n}" for n in range(1, WORDS + 1))
 
     async def run() -> list[Any]:
-        aio = Container(config=config_for(socket_path, liveness_ms=2000)).async_client()
+        aio = Container(config=config_for(socket_path, liveness_ms=2000, busy_wait_ms=10000)).async_client()
         loop = asyncio.get_running_loop()
         await aio.chat(reqs[0], lambda event: None)  # first-use costs (imports, caches) unwatched
         loop.set_debug(True)
@@ -116,7 +116,7 @@ def test_answers_that_arrive_faster_than_they_are_parsed_never_block_the_loop(
     reqs = [ChatRequest(slot=n % 2, messages=(UserMessage(f"story {n}"),)) for n in range(4)]
 
     async def run() -> list[Any]:
-        aio = Container(config=config_for(fast_socket_path, liveness_ms=2000)).async_client()
+        aio = Container(config=config_for(fast_socket_path, liveness_ms=2000, busy_wait_ms=10000)).async_client()
         loop = asyncio.get_running_loop()
         await aio.chat(reqs[0], lambda event: None)
         loop.set_debug(True)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from adapters.fake_server import End, FakeServer, Piece, Raw, RouteItem, json_reply, silence, sse_reply
-from adapters.system import SystemClock
-from adapters.uds_http.aio import AsyncUdsTransport
-from adapters.uds_http.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
-from adapters.uds_http.transport import UdsTransport
+from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
+from app.fetch import fetch, fetch_async
+from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from domain.bodies import FetchLimits
 from domain.errors import InferError
-from domain.fetch import FetchLimits, fetch, fetch_async
 from ports import AsyncExchange, AsyncTransport
 from ports.transport import TIMED_OUT
 
@@ -60,7 +60,7 @@ def sync_outcome(server: FakeServer) -> tuple[str, str]:
 async def async_outcome(server: FakeServer) -> tuple[str, str]:
     transport = AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
     try:
-        return "ok", (await fetch_async(transport, SystemClock(), "GET", "/x", None, LIMITS)).decode()
+        return "ok", (await fetch_async(transport, AsyncSystemClock(), "GET", "/x", None, LIMITS)).decode()
     except InferError as exc:
         return type(exc).__name__, str(exc)
 
@@ -160,9 +160,10 @@ SLOTS_ANSWERS: dict[str, RouteItem] = {
 @pytest.mark.parametrize("answer", SLOTS_ANSWERS.values(), ids=SLOTS_ANSWERS.keys())
 async def test_the_async_slot_probe_answers_as_the_blocking_one(server: FakeServer, answer: RouteItem) -> None:
     server.route("GET", "/slots", answer)
-    blocking = HttpSlotProbe(UdsTransport(server.socket_path, header_bytes=HEADER_BYTES), timeout=0.1, body_bytes=1024)
+    limits = FetchLimits(0.1, 0.1, 1024, 4096)
+    blocking = HttpSlotProbe(UdsTransport(server.socket_path, header_bytes=HEADER_BYTES), SystemClock(), limits)
     aio = AsyncHttpSlotProbe(
-        AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES), timeout=0.1, body_bytes=1024
+        AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES), AsyncSystemClock(), limits
     )
 
     assert await aio.state(0) is blocking.state(0)

@@ -34,9 +34,9 @@ from adapters.fake_server import (
 )
 from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsTransport
+from app.fetch import read_all
 from domain.errors import StreamClosedEarly
 from domain.sse import SseData, SseDecoder, SseDone
-from domain.whole_body import read_all
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(30)

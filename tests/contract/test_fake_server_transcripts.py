@@ -12,10 +12,11 @@ import pytest
 from adapters.fake_server import FakeClock, FakeServer, ScriptedTransport, raw_reply, split_recorded
 from adapters.system import SystemClock
 from adapters.uds_http.body import ChunkedBody
-from adapters.uds_http.slot_probe import HttpSlotProbe
 from adapters.uds_http.transport import UdsTransport
+from app.fetch import read_all
+from app.slot_probe import HttpSlotProbe
+from domain.bodies import FetchLimits
 from domain.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
-from domain.whole_body import read_all
 from ports import Exchange, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 
@@ -169,5 +170,5 @@ def test_the_slot_probe_reads_the_recorded_slots(name: str, expected: list[SlotS
     case = load_case(name)
     with serve(case) as server:
         transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
-        probe = HttpSlotProbe(transport, timeout=2.0, body_bytes=BODY_BYTES)
+        probe = HttpSlotProbe(transport, SystemClock(), FetchLimits(2.0, 2.0, BODY_BYTES, 4096))
         assert [probe.state(0), probe.state(1), probe.state(2)] == [*expected, SlotState.UNAVAILABLE]

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from adapters.fake_server import FakeServer, Piece, Reply
 from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsExchange, UdsTransport, exchange_over
+from app.fetch import read_all
 from domain.errors import ConnectError, InferError, ProtocolError, Stalled, StreamClosedEarly
-from domain.whole_body import read_all
 from ports.transport import TIMED_OUT, ResponseHead
 
 pytestmark = pytest.mark.timeout(30)

@@ -31,8 +31,10 @@ from adapters.fake_server import (
     silence,
     slots_reply,
 )
-from adapters.uds_http.slot_probe import HttpSlotProbe
+from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsTransport
+from app.slot_probe import HttpSlotProbe
+from domain.bodies import FetchLimits
 from ports import SlotProbe, SlotState
 
 pytestmark = pytest.mark.timeout(20)
@@ -40,6 +42,7 @@ pytestmark = pytest.mark.timeout(20)
 TIMEOUT_S = 0.1
 HEADER_BYTES = 16384
 BODY_BYTES = 4 * 1024 * 1024
+LIMITS = FetchLimits(TIMEOUT_S, TIMEOUT_S, BODY_BYTES, 4096)
 BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
 
 
@@ -85,12 +88,12 @@ def _harness(kind: str) -> Iterator[ProbeHarness]:
     elif kind == "memory":
         clock = FakeClock()
         scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
-        probe = HttpSlotProbe(scripted, timeout=TIMEOUT_S, body_bytes=BODY_BYTES, clock=clock)
+        probe = HttpSlotProbe(scripted, clock, LIMITS)
         yield ProbeHarness(kind, probe, routes=scripted, clock=clock)
     else:
         with FakeServer() as server:
             transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
-            probe = HttpSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
+            probe = HttpSlotProbe(transport, SystemClock(), LIMITS)
             yield ProbeHarness(kind, probe, routes=server)
 
 
@@ -145,7 +148,7 @@ def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path:
         probe = real_probe.probe
     else:
         transport = UdsTransport(str(tmp_path / "missing.sock"), header_bytes=HEADER_BYTES)
-        probe = HttpSlotProbe(transport, timeout=TIMEOUT_S, body_bytes=BODY_BYTES)
+        probe = HttpSlotProbe(transport, SystemClock(), LIMITS)
     assert probe.state(0) is UNAVAILABLE
 
 

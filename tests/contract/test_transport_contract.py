@@ -31,8 +31,8 @@ from adapters.fake_server import (
 )
 from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsTransport
+from app.fetch import read_all
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
-from domain.whole_body import read_all
 from ports import Clock, Exchange, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 

@@ -22,8 +22,8 @@ from adapters.fake_server import (
     silence,
     sse_reply,
 )
+from app.fetch import read_all
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
-from domain.whole_body import read_all
 from ports import Clock, Exchange, SlotProbe, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from adapters.fake_server.memory import FakeClock
+from app.fetch import error_body, fetch
+from domain.bodies import FetchLimits
 from domain.errors import HttpError, Stalled
-from domain.fetch import FetchLimits, error_body, fetch
 from ports.transport import TIMED_OUT, ResponseHead, TimedOut
 
 

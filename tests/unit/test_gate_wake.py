@@ -2,7 +2,7 @@
 
 `watch(ticket, wake)` calls `wake()` on every change of the ticket's slot; `poll(ticket)` says,
 without blocking, whether the ticket got the slot (0), moved up (its new place) or not (None).
-`AsyncSlotGate` waits on them in one queue with the blocking waiters.
+`AsyncSlotQueue` waits on them in one queue with the blocking waiters.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from app.async_gate import AsyncSlotGate
+from app.slot_queue import AsyncSlotQueue
+from domain.cancel import CancelToken
 from domain.gate import SlotGate
 
 pytestmark = pytest.mark.timeout(10)
@@ -83,12 +84,12 @@ def test_watch_none_stops_the_wake_ups() -> None:
 async def test_an_async_waiter_gets_the_slot_a_thread_releases() -> None:
     gate = SlotGate(queue_per_slot=2)
     holder = gate.enter(0)
-    aio = AsyncSlotGate(gate)
+    aio = AsyncSlotQueue(gate)
     ticket = aio.enter(0)
     assert ticket.ahead == 1
 
     threading.Timer(0.05, gate.leave, (holder,)).start()
-    ahead = await asyncio.wait_for(aio.wait(ticket), 2.0)
+    ahead = await asyncio.wait_for(aio.wait(ticket, CancelToken(), aio.deadline(60.0)), 2.0)
 
     assert ahead == 0
     assert gate.held(0)
@@ -99,7 +100,7 @@ async def test_an_async_waiter_gets_the_slot_a_thread_releases() -> None:
 @pytest.mark.asyncio
 async def test_a_thread_waiting_behind_an_async_holder_gets_the_slot_it_releases() -> None:
     gate = SlotGate(queue_per_slot=2)
-    aio = AsyncSlotGate(gate)
+    aio = AsyncSlotQueue(gate)
     mine = aio.enter(0)
     got: list[int] = []
     blocked = gate.enter(0)
@@ -118,9 +119,9 @@ async def test_a_thread_waiting_behind_an_async_holder_gets_the_slot_it_releases
 async def test_a_cancelled_async_waiter_leaves_the_queue_and_stops_watching() -> None:
     gate = SlotGate(queue_per_slot=2)
     holder = gate.enter(0)
-    aio = AsyncSlotGate(gate)
+    aio = AsyncSlotQueue(gate)
     ticket = aio.enter(0)
-    task = asyncio.create_task(aio.wait(ticket))
+    task = asyncio.create_task(aio.wait(ticket, CancelToken(), aio.deadline(60.0)))
     await asyncio.sleep(0.01)
 
     task.cancel()
@@ -140,9 +141,12 @@ async def test_a_cancelled_async_waiter_leaves_the_queue_and_stops_watching() ->
 async def test_async_waiters_move_up_in_order() -> None:
     gate = SlotGate(queue_per_slot=3)
     holder = gate.enter(0)
-    aio = AsyncSlotGate(gate)
+    aio = AsyncSlotQueue(gate)
     first, second = aio.enter(0), aio.enter(0)
-    waits = [asyncio.create_task(aio.wait(first)), asyncio.create_task(aio.wait(second))]
+    waits = [
+        asyncio.create_task(aio.wait(first, CancelToken(), aio.deadline(60.0))),
+        asyncio.create_task(aio.wait(second, CancelToken(), aio.deadline(60.0))),
+    ]
     await asyncio.sleep(0.01)
 
     gate.leave(holder)

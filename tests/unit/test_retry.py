@@ -180,7 +180,7 @@ def test_a_policy_has_no_schedule_of_its_own_and_the_containers_is_the_briefs() 
     # container builds from a config that sets none is the brief's.
     with pytest.raises(TypeError):
         RetryPolicy()  # type: ignore[call-arg]
-    p = Container(config=parse_config({"socket": "/nonexistent/infer.sock"})).client()._retry
+    p = Container(config=parse_config({"socket": "/nonexistent/infer.sock"})).client()._llama._retry
     assert (p.attempts, p.delays_ms, p.jitter, p.total_ms) == (4, (2000, 8000, 30_000), 0.25, 300_000)
 
 

@@ -1,6 +1,15 @@
 """A scripted HTTP server on a Unix socket, and in-memory fakes that replay the same scripts."""
 
-from adapters.fake_server.memory import FakeClock, FakeSlotProbe, ScriptedExchange, ScriptedStream, ScriptedTransport
+from adapters.fake_server.memory import (
+    AsyncFakeClock,
+    AsyncFakeSlotProbe,
+    AsyncScriptedTransport,
+    FakeClock,
+    FakeSlotProbe,
+    ScriptedExchange,
+    ScriptedStream,
+    ScriptedTransport,
+)
 from adapters.fake_server.script import (
     NEVER,
     End,
@@ -26,6 +35,9 @@ from adapters.fake_server.server import FakeServer
 
 __all__ = [
     "NEVER",
+    "AsyncFakeClock",
+    "AsyncFakeSlotProbe",
+    "AsyncScriptedTransport",
     "End",
     "FakeClock",
     "FakeServer",

@@ -18,6 +18,7 @@ ends.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 import threading
@@ -25,13 +26,21 @@ from collections.abc import Mapping
 
 from adapters.fake_server.script import End, RecordedRequest, RouteItem, Routes, RouteSpec, Script
 from adapters.fake_server.wire import RequestReader, on_wire
-from adapters.uds_http.exchange import HttpExchange, render, send
+from adapters.uds_http.exchange import AsyncHttpExchange, HttpExchange, Request, render, send, send_async
 from domain.errors import ConnectError
 from ports.slot_probe import SlotState
 from ports.transport import TIMED_OUT, CancelSignal, TimedOut
 
 ScriptedExchange = HttpExchange
 """What `ScriptedTransport.open` returns: the real exchange, over a `ScriptedStream`."""
+
+
+def _fired(cancel: CancelSignal | None) -> bool:
+    if cancel is None:
+        return False
+    seen: list[bool] = []
+    cancel.on_cancel(lambda: seen.append(True))()
+    return bool(seen)
 
 
 class FakeClock:
@@ -44,18 +53,33 @@ class FakeClock:
     def now(self) -> float:
         return self._now
 
-    def sleep(self, seconds: float, wake: threading.Event | None = None) -> None:
-        if wake is None or not wake.is_set():
+    def sleep(self, seconds: float, cancel: CancelSignal | None = None) -> None:
+        if not _fired(cancel):
             self.advance(seconds)
-
-    async def sleep_async(self, seconds: float) -> None:
-        self.advance(seconds)
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:
             raise ValueError(f"a clock cannot go backwards (advance by {seconds} s)")
         with self._lock:
             self._now += seconds
+
+
+class AsyncFakeClock:
+    """The `AsyncClock` port over a `FakeClock` (shared with whatever else holds it): `sleep`
+    moves it at once, then lets the loop run once."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    async def sleep(self, seconds: float, cancel: CancelSignal | None = None) -> None:
+        self.clock.sleep(seconds, cancel)
+        await asyncio.sleep(0)
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
 
 
 class ScriptedStream:
@@ -158,17 +182,64 @@ class ScriptedTransport:
         timeout: float,
         cancel: CancelSignal | None = None,
     ) -> ScriptedExchange:
+        request, stream = self._render(method, path, body)
+        return send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path, cancel=cancel)
+
+    def _render(self, method: str, path: str, body: bytes | None) -> tuple[Request, ScriptedStream]:
+        """The request checked as the real transport checks it, and the stream that plays it."""
         header_bytes = sys.maxsize if self.header_bytes is None else self.header_bytes
         request = render(method, path, body, header_bytes)
         if self.refusing:
             raise ConnectError(
                 f"cannot connect to {self.socket_path}: connection refused (nobody is listening on the socket)"
             )
-        stream = ScriptedStream(self.clock, self.routes, self.requests)
-        exchange = send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path)
-        if cancel is not None:
-            exchange.watch(cancel)
-        return exchange
+        return request, ScriptedStream(self.clock, self.routes, self.requests)
+
+
+class AsyncScriptedStream:
+    """The `AsyncByteStream` port over a `ScriptedStream`: the same replay, awaited; a `recv`
+    lets the loop run once, as a socket read does."""
+
+    def __init__(self, stream: ScriptedStream) -> None:
+        self._stream = stream
+
+    async def send_all(self, data: bytes, timeout: float) -> None:
+        self._stream.send_all(data, timeout)
+
+    async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
+        data = self._stream.recv(max_bytes, timeout)
+        await asyncio.sleep(0)
+        return data
+
+    def shutdown(self) -> None:
+        self._stream.shutdown()
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class AsyncScriptedTransport(ScriptedTransport):
+    """The `AsyncTransport` port over the same scripts (`ScriptedTransport`'s routes, record and
+    switches), for the asyncio client on a fake clock."""
+
+    async def open(  # type: ignore[override]
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout: float,
+        cancel: CancelSignal | None = None,
+    ) -> AsyncHttpExchange:
+        request, scripted = self._render(method, path, body)
+        return await send_async(
+            AsyncScriptedStream(scripted),
+            request,
+            timeout=timeout,
+            now=self.clock.now,
+            peer=self.socket_path,
+            cancel=cancel,
+        )
 
 
 class FakeSlotProbe:
@@ -185,4 +256,22 @@ class FakeSlotProbe:
         return self.states.get(slot, SlotState.UNAVAILABLE)
 
 
-__all__ = ["FakeClock", "FakeSlotProbe", "Script", "ScriptedExchange", "ScriptedStream", "ScriptedTransport"]
+class AsyncFakeSlotProbe(FakeSlotProbe):
+    """`FakeSlotProbe` awaited: the `AsyncSlotProbe` port with states set by hand."""
+
+    async def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:  # type: ignore[override]
+        return FakeSlotProbe.state(self, slot, cancel)
+
+
+__all__ = [
+    "AsyncFakeClock",
+    "AsyncFakeSlotProbe",
+    "AsyncScriptedStream",
+    "AsyncScriptedTransport",
+    "FakeClock",
+    "FakeSlotProbe",
+    "Script",
+    "ScriptedExchange",
+    "ScriptedStream",
+    "ScriptedTransport",
+]

@@ -1,194 +1,23 @@
-"""One HTTP/1.1 request and its response over a `ByteStream`: the exchange every blocking transport returns.
+"""One HTTP/1.1 request and its response over a byte stream, in both flavours.
 
-The parsing is `adapters.uds_http.response` (sans-IO: h11 for the head and its size cap, the
-body readers of `adapters.uds_http.body` for the framing, the wording of every error), shared
-with the asyncio exchange (`adapters.uds_http.aio`). This module owns the waits and the mapping
-of every stream failure onto `domain.errors`. Under it is a Unix socket
-(`adapters.uds_http.transport`) or a script replayed on a fake clock
-(`adapters.fake_server.memory`): both run this same code.
-
-Invariants:
-- Parser state changes only when bytes (or EOF) are handed to it. A read that times out hands
-  over nothing, so a timeout leaves the exchange exactly as it was: bytes already received stay
-  buffered and the next read continues from them.
-- No `OSError` leaves this module: failures while writing or reading are `StreamClosedEarly`
-  (or `Stalled` for a write timeout), saying where in the response they happened.
-- One wait loop per purpose: the head's in `head`, the body's in `read`. `read` hands out each
-  chunk as soon as it is buffered, as one `bytes`; the hot path is one `pull` on the body reader
-  and, when it runs dry, one 64 KiB recv.
+`HttpExchange` (blocking) is generated from `AsyncHttpExchange` (asyncio): see
+`adapters.uds_http._async.exchange`, the one source, for the contract and the invariants.
 """
 
-from __future__ import annotations
+from adapters.uds_http._async.exchange import AsyncHttpExchange
+from adapters.uds_http._async.exchange import send as send_async
+from adapters.uds_http._sync.exchange import RECV_BYTES, HttpExchange, send
+from adapters.uds_http.response import Request, reason, render, write_failed, write_stalled
 
-import threading
-from collections.abc import Callable
-from typing import Final
-
-from adapters.uds_http.body import BodyReader
-from adapters.uds_http.response import Request, ResponseParser, reason, render
-from domain.errors import Stalled, StreamClosedEarly
-from ports.stream import ByteStream
-from ports.transport import TIMED_OUT, CancelSignal, ResponseHead, TimedOut
-
-__all__ = ["RECV_BYTES", "HttpExchange", "Request", "reason", "render", "send", "write_failed", "write_stalled"]
-
-RECV_BYTES: Final = 65536
-
-
-def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
-    return Stalled(f"{request.what}: writing the request to {peer} took over {timeout} s")
-
-
-def write_failed(request: Request, peer: str, exc: OSError) -> StreamClosedEarly:
-    return StreamClosedEarly(
-        f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)})"
-    )
-
-
-def send(stream: ByteStream, request: Request, *, timeout: float, now: Callable[[], float], peer: str) -> HttpExchange:
-    """Write the whole request and return the exchange, which owns the stream from then on
-    (closed on failure). `now` is the clock the waits are measured on; `peer` names the other
-    end in errors. Raises `Stalled` if writing takes longer than `timeout` and
-    `StreamClosedEarly` if the connection breaks meanwhile."""
-    try:
-        stream.send_all(request.data, max(timeout, 0.0))
-    except TimeoutError as exc:
-        stream.close()
-        raise write_stalled(request, peer, timeout) from exc
-    except OSError as exc:
-        stream.close()
-        raise write_failed(request, peer, exc) from exc
-    return HttpExchange(stream, request, now)
-
-
-class HttpExchange:
-    """One request's response on its own connection. See `ports.transport` for the contract."""
-
-    __slots__ = (
-        "_body",
-        "_closed",
-        "_eof",
-        "_head",
-        "_lock",
-        "_now",
-        "_parser",
-        "_recv_from",
-        "_stream",
-        "_unwatch",
-        "what",
-    )
-
-    def __init__(self, stream: ByteStream, request: Request, now: Callable[[], float]) -> None:
-        self._stream = stream
-        self._recv_from = stream.recv
-        self._now = now
-        self._parser = ResponseParser(request)
-        self.what = request.what
-        self._head: ResponseHead | None = None
-        self._body: BodyReader | None = None  # the parser's, once the head is parsed
-        self._eof = False
-        self._closed = False
-        self._lock = threading.Lock()  # close() and abort() may come from two threads
-        self._unwatch: Callable[[], None] | None = None
-
-    def __enter__(self) -> HttpExchange:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def head(self, timeout: float) -> ResponseHead | TimedOut:
-        """The status and headers, or `TIMED_OUT` if they did not arrive within `timeout`."""
-        if self._head is not None:
-            return self._head
-        parser = self._parser
-        if self._closed:
-            raise parser.closed()
-        now = self._now
-        deadline = now() + timeout
-        head = parser.next_head()
-        while head is None:
-            data = self._recv(deadline - now())
-            if data is TIMED_OUT:
-                return TIMED_OUT
-            parser.receive_data(data)
-            head = parser.next_head()
-        self._eof = parser.eof
-        self._body = parser.body
-        self._head = head
-        return head
-
-    def read(self, timeout: float) -> bytes | TimedOut:
-        """The next piece of the body; `b""` once it ended cleanly; `TIMED_OUT` after `timeout`."""
-        body = self._body
-        if body is None or self._closed:
-            if self._closed:
-                raise self._parser.closed()
-            start = self._now()
-            if self.head(timeout) is TIMED_OUT:
-                return TIMED_OUT
-            timeout -= self._now() - start
-            body = self._body
-            assert body is not None
-        piece = body.pull()
-        if piece is not None:
-            return piece
-        # Nothing buffered: the only place a read waits, and the only clock read on the hot path.
-        if self._eof:  # pragma: no cover - the body readers end or raise at EOF
-            raise self._parser.at_eof()
-        recv = self._recv_from
-        now = self._now
-        deadline = now() + timeout
-        while True:
-            try:
-                data = recv(RECV_BYTES, timeout)
-            except OSError as exc:
-                raise self._failure(exc) from exc
-            if data is TIMED_OUT:
-                return TIMED_OUT
-            if data:
-                body.push(data)
-            else:
-                self._eof = True
-                body.eof()
-            piece = body.pull()
-            if piece is not None:
-                return piece
-            timeout = deadline - now()
-
-    def close(self) -> None:
-        """Close the connection (the server cancels the generation). Idempotent; never raises."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._stream.close()
-        if self._unwatch is not None:
-            self._unwatch()
-
-    def watch(self, cancel: CancelSignal) -> None:
-        """Abort this exchange when `cancel` fires (at once if it already has)."""
-        self._unwatch = cancel.on_cancel(self.abort)
-
-    def abort(self) -> None:
-        """From any thread: shut the connection down, so a `head` or `read` blocked on it returns
-        at once and the server sees the close. Never raises; the owner still calls `close`."""
-        with self._lock:
-            if not self._closed:
-                self._stream.shutdown()
-
-    # -- the stream side ------------------------------------------------------------------------
-
-    def _recv(self, timeout: float) -> bytes | TimedOut:
-        """The next bytes (`b""` at EOF), or `TIMED_OUT` if none arrived within `timeout`."""
-        if self._parser.eof:  # pragma: no cover - the parsers end or raise at EOF
-            raise self._parser.at_eof()
-        try:
-            return self._recv_from(RECV_BYTES, timeout)
-        except OSError as exc:
-            raise self._failure(exc) from exc
-
-    def _failure(self, exc: OSError) -> StreamClosedEarly:
-        if self._closed:
-            return self._parser.closed()
-        return self._parser.failure(exc)
+__all__ = [
+    "RECV_BYTES",
+    "AsyncHttpExchange",
+    "HttpExchange",
+    "Request",
+    "reason",
+    "render",
+    "send",
+    "send_async",
+    "write_failed",
+    "write_stalled",
+]

@@ -1,8 +1,8 @@
 """One request's response, sans-IO: bytes in, the head and then the body's pieces out.
 
-The parsing core of every exchange, blocking (`adapters.uds_http.exchange`) or asyncio
-(`adapters.uds_http.aio`): they own the waits and the socket and nothing else, as h11 asks of
-its callers. h11 parses and validates the status line and headers (the head's size cap with it);
+The parsing core of the one exchange (`adapters.uds_http._async.exchange` and its generated
+blocking twin), which owns the waits and the socket and nothing else, as h11 asks of its
+callers. h11 parses and validates the status line and headers (the head's size cap with it);
 `adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
 exchanges say the same thing for the same bytes.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import h11
 
 from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
-from domain.errors import ProtocolError, StreamClosedEarly
+from domain.errors import ProtocolError, Stalled, StreamClosedEarly
 from ports.transport import ResponseHead
 
 _NEED_DATA = h11.NEED_DATA
@@ -198,6 +198,16 @@ class ResponseParser:
 
 
 _DOWN = "the server behind the socket is down or restarting (a proxy closes what it cannot forward)"
+
+
+def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
+    return Stalled(f"{request.what}: writing the request to {peer} took over {timeout} s")
+
+
+def write_failed(request: Request, peer: str, exc: OSError) -> StreamClosedEarly:
+    return StreamClosedEarly(
+        f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)})"
+    )
 
 
 def reason(exc: BaseException) -> str:

@@ -1,0 +1,80 @@
+# Generated from src/adapters/uds_http/_async/transport.py by scripts/unasync.py: do not edit.
+"""HTTP/1.1 over a Unix socket, one request per connection: the real transport, written once.
+
+Written once: the asyncio flavour under `_async/` is the source of the blocking one under `_sync/`
+(`scripts/unasync.py`). The exchange is `adapters.uds_http._sync.exchange`, shared with the in-memory fake; this module
+adds the socket: connecting (`adapters.uds_http.sockets`, which names the socket path and what is
+wrong with it in every `ConnectError`) and the stream over it.
+
+Invariants:
+- No `OSError` leaves this module: connect failures are `ConnectError` naming the socket path;
+  the exchange maps everything after the connect.
+- A malformed method or path is refused before connecting (`ValueError`): the caller's bug.
+- A transport may serve several threads (and event loops); each exchange belongs to the one that
+  opened it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from adapters.uds_http._sync.exchange import HttpExchange, send
+from adapters.uds_http.response import render
+from adapters.uds_http.sockets import SocketStream
+from ports.transport import CancelSignal
+
+__all__ = ["UdsTransport", "exchange_over"]
+
+
+class UdsTransport:
+    """Opens one connection per exchange to `socket_path` (nothing happens at construction)."""
+
+    __slots__ = ("_header_bytes", "socket_path")
+
+    def __init__(self, socket_path: str, *, header_bytes: int) -> None:
+        self.socket_path = socket_path
+        self._header_bytes = header_bytes
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.socket_path!r})"
+
+    def open(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout: float,
+        cancel: CancelSignal | None = None,
+    ) -> HttpExchange:
+        """Connect, send the whole request and return the exchange (aborted if `cancel` fires,
+        from the first byte written on).
+
+        Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
+        connection breaks while the request is written and `Stalled` if writing it takes longer
+        than `timeout`."""
+        request = render(method, path, body, self._header_bytes)  # fails before connecting
+        stream = SocketStream.connect(self.socket_path, timeout)
+        return send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
+
+
+def exchange_over(
+    sock: socket.socket,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    *,
+    timeout: float,
+    header_bytes: int,
+    peer: str = "the server",
+) -> HttpExchange:
+    """Send the request on an already connected socket and return the exchange, which owns the
+    socket from then on (closed on failure). Tests hand it one end of a `socketpair` to play the
+    server byte by byte."""
+    try:
+        request = render(method, path, body, header_bytes)
+    except ValueError:
+        sock.close()
+        raise
+    return send(SocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer)

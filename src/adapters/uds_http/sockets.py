@@ -1,0 +1,186 @@
+"""A connected Unix socket as a byte stream, in both flavours: the I/O primitives under the one
+exchange (`adapters.uds_http._async.exchange` and its generated blocking twin).
+
+`SocketStream` and `AsyncSocketStream` meet the `ByteStream` and `AsyncByteStream` contracts
+(`ports.stream`) with the same signatures; only how they wait differs: a blocking socket with
+its timeout, or a non-blocking one on the event loop (`loop.sock_recv` and `loop.sock_sendall`,
+which cost a half to a quarter of the CPU of asyncio streams per small chunk, see
+`bench/aio_read_bench.py`). `connect(path, timeout)` makes either, or raises `ConnectError`
+naming the socket path and what is wrong with it.
+
+Invariants:
+- The blocking socket's timeout is set only when a call's timeout differs from the last one, so a
+  stream read with one timeout throughout costs one `recv` per call and nothing more.
+- A non-blocking read that finds bytes waiting still lets the loop run once, so a fast sender
+  never keeps one task running for more than one read's worth of parsing.
+- `shutdown()` may come from any thread while another (or the loop) waits in `recv`: the wait
+  ends (EOF) and the peer sees the close. `close()` is idempotent; neither raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import stat
+
+from adapters.uds_http.response import reason
+from domain.errors import ConnectError
+from ports.transport import TIMED_OUT, TimedOut
+
+__all__ = ["AsyncSocketStream", "SocketStream", "connect_reason", "unix_socket"]
+
+# The longest a blocking connect may wait (a Unix socket connects at once or is refused; a full
+# accept backlog is the only wait).
+CONNECT_TIMEOUT_S = 5.0
+
+
+class SocketStream:
+    """The `ByteStream` port over a connected blocking socket, which it owns."""
+
+    __slots__ = ("_sock", "_timeout")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._timeout: float | None = None
+
+    @classmethod
+    def connect(cls, path: str, timeout: float) -> SocketStream:
+        sock = unix_socket(path)
+        limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+        try:
+            sock.settimeout(limit)
+            sock.connect(path)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
+        return cls(sock)
+
+    def send_all(self, data: bytes, timeout: float) -> None:
+        self._settimeout(max(timeout, 0.0))
+        self._sock.sendall(data)
+
+    def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
+        if timeout <= 0.0:
+            timeout = 0.0
+        if timeout != self._timeout:
+            self._settimeout(timeout)
+        try:
+            return self._sock.recv(max_bytes)
+        except (TimeoutError, BlockingIOError):  # a zero timeout polls: BlockingIOError
+            return TIMED_OUT
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _settimeout(self, timeout: float) -> None:
+        self._sock.settimeout(timeout)
+        self._timeout = timeout
+
+
+class AsyncSocketStream:
+    """The `AsyncByteStream` port over a connected socket, which it owns and makes non-blocking.
+    Made and used inside one running event loop."""
+
+    __slots__ = ("_fd", "_loop", "_sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    async def connect(cls, path: str, timeout: float) -> AsyncSocketStream:
+        sock = unix_socket(path)
+        try:
+            sock.setblocking(False)
+            sock.connect(path)  # a Unix socket connects at once or fails at once
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, 0.0, path)}") from exc
+        return cls(sock)
+
+    async def send_all(self, data: bytes, timeout: float) -> None:
+        async with asyncio.timeout(max(timeout, 0.0)):
+            await self._loop.sock_sendall(self._sock, data)
+
+    async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
+        try:
+            data = self._sock.recv(max_bytes)  # bytes already there: no future, no timer
+        except (BlockingIOError, InterruptedError):
+            if timeout <= 0.0:
+                return TIMED_OUT
+        else:
+            await asyncio.sleep(0)  # behind a fast sender: let the loop run once per read
+            return data
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await self._loop.sock_recv(self._sock, max_bytes)
+        except TimeoutError:
+            if deadline.expired():
+                return TIMED_OUT
+            raise
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        # Off the loop first: a read or write future the task left behind (cancelled) would
+        # otherwise unregister the descriptor later, when its number may belong to a new socket.
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._fd)
+            self._loop.remove_writer(self._fd)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+def unix_socket(path: str) -> socket.socket:
+    try:
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConnectError(f"cannot connect to {path}: no socket ({reason(exc)})") from exc
+
+
+def connect_reason(exc: BaseException, limit: float, path: str | None = None) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such socket file (is the server or proxy running?)"
+    if isinstance(exc, ConnectionRefusedError):
+        kind = _not_a_socket(path)
+        if kind is not None:
+            return f"it is {kind}, not a socket (the config's socket must name the proxy's socket file)"
+        return "connection refused (nobody is listening on the socket)"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, TimeoutError):
+        return f"connect timed out after {limit} s"
+    if isinstance(exc, BlockingIOError):
+        return "the server's accept backlog is full"
+    return reason(exc)
+
+
+def _not_a_socket(path: str | None) -> str | None:
+    """What `path` is when it exists and is not a socket (the kernel says only "refused")."""
+    if path is None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe"
+    return "a special file"

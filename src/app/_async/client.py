@@ -1,0 +1,159 @@
+"""The llama client: what the daemon calls, from one source for both flavours. The blocking
+`Client` (`app/_sync/client.py`) is generated from this file by `scripts/unasync.py`.
+
+    client = Container(config=cfg).async_client()          # or .client(): the same, blocking
+    completion = await client.chat_with_retry(req, on_event=print)
+    async with client.stream(req) as s:
+        async for event in s: ...
+    s.completion
+
+This module is the surface and the lifecycle: every call (a chat, a stream, `render`, `props`,
+`slots`, `tokenize`) runs under a `CancelToken` of its own, registered with the client's calls
+(`app.calls`) while it runs, so `aclose()` ends it; the steps of a call are `app._async.call`.
+
+Invariants:
+- A call on a closed client raises `ClientClosed` without touching the server; `aclose()` ends
+  every call in flight or queued (`ClientClosed`) and returns once they have ended, waiting at
+  most `CLOSE_WAIT_S`; once it has begun, no queued call sends a request or returns an answer.
+- A caller's `CancelToken` ends its call in whatever phase it is, with `Cancelled`; on asyncio,
+  cancelling the task does too (`asyncio.CancelledError`).
+- Nothing is final before the `Completion`: the events are progress. An `on_event` that raises
+  ends the call (its connection closed) and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from types import TracebackType
+
+from app._async.call import AsyncLlamaCalls
+from app.calls import CLOSE_WAIT_S, AsyncCalls
+from app.event_stream import AsyncEventStream, Step, emit
+from app.slot_queue import AsyncSlotQueue
+from domain.cancel import CancelToken
+from domain.completion import Completion
+from domain.errors import InferError
+from domain.events import ChatEvent
+from domain.gate import SlotGate
+from domain.limits import ClientLimits
+from domain.llama_api import Props, SlotInfo, Token
+from domain.messages import ChatRequest
+from domain.request import RequestSettings
+from domain.retry import RetryPolicy
+from ports.clock import AsyncClock
+from ports.slot_probe import AsyncSlotProbe
+from ports.transport import AsyncTransport
+
+__all__ = ["AsyncClient", "EventSink"]
+
+EventSink = Callable[[ChatEvent], None]
+
+
+class AsyncClient:
+    """Built by `app.container.Container` from a `Config` alone. Safe to share (between tasks,
+    threads and event loops); `aclose()` (or leaving `async with client:`) ends every call."""
+
+    def __init__(
+        self,
+        *,
+        transport: AsyncTransport,
+        probe: AsyncSlotProbe,
+        clock: AsyncClock,
+        gate: SlotGate,
+        retry_policy: RetryPolicy,
+        request_settings: RequestSettings,
+        limits: ClientLimits,
+        total_slots: int | None,
+    ) -> None:
+        self._calls = AsyncCalls()
+        self._gate = gate
+        self._llama = AsyncLlamaCalls(
+            transport=transport,
+            probe=probe,
+            clock=clock,
+            queue=AsyncSlotQueue(gate),
+            retry_policy=retry_policy,
+            request_settings=request_settings,
+            limits=limits,
+            total_slots=total_slots,
+        )
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    async def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
+        """One attempt: returns the final `Completion` or raises an `InferError`."""
+        async with self.stream(req, cancel) as stream:
+            async for event in stream:
+                emit(on_event, event)
+        return stream.completion
+
+    async def chat_with_retry(
+        self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
+    ) -> Completion:
+        """`chat`, retried by the retry policy; every attempt sends the same bytes."""
+        async with self.stream_with_retry(req, cancel) as stream:
+            async for event in stream:
+                emit(on_event, event)
+        return stream.completion
+
+    def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
+        """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
+        return AsyncEventStream(lambda token: self._steps(req, token, cancel, retry=False))
+
+    def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
+        """`chat_with_retry` as an iterator of events."""
+        return AsyncEventStream(lambda token: self._steps(req, token, cancel, retry=True))
+
+    async def _steps(
+        self, req: ChatRequest, token: CancelToken, cancel: CancelToken | None, *, retry: bool
+    ) -> AsyncGenerator[Step, None]:
+        """The call's steps, registered with the client while they run. The `finally` runs
+        however the call ends: its end, an error, `aclose()`, or a stream dropped unclosed."""
+        self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
+        try:
+            token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
+            async with contextlib.aclosing(self._llama.chat(req, token, retry=retry)) as steps:
+                async for step in steps:
+                    yield step
+        except InferError as exc:
+            if token.cancelled:  # the cancel broke the I/O: say why
+                raise token.error() from exc
+            raise
+        finally:
+            self._calls.end(token)
+
+    # -- the small calls ----------------------------------------------------------------------
+
+    async def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
+        """The exact request body `chat` sends for `req` (validated, deterministic)."""
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.render(req, token)
+
+    async def props(self, cancel: CancelToken | None = None) -> Props:
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.props(token)
+
+    async def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.slots(token)
+
+    async def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.tokenize(text, token)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
+        they have ended (waiting at most `CLOSE_WAIT_S`). Idempotent."""
+        if self._calls.close_all():
+            await self._calls.wait_idle(CLOSE_WAIT_S)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.aclose()

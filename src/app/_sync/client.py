@@ -1,0 +1,160 @@
+# Generated from src/app/_async/client.py by scripts/unasync.py: do not edit.
+"""The llama client: what the daemon calls, from one source for both flavours. The blocking
+`Client` (`app/_sync/client.py`) is generated from this file by `scripts/unasync.py`.
+
+    client = Container(config=cfg).async_client()          # or .client(): the same, blocking
+    completion = client.chat_with_retry(req, on_event=print)
+    with client.stream(req) as s:
+        for event in s: ...
+    s.completion
+
+This module is the surface and the lifecycle: every call (a chat, a stream, `render`, `props`,
+`slots`, `tokenize`) runs under a `CancelToken` of its own, registered with the client's calls
+(`app.calls`) while it runs, so `close()` ends it; the steps of a call are `app._sync.call`.
+
+Invariants:
+- A call on a closed client raises `ClientClosed` without touching the server; `close()` ends
+  every call in flight or queued (`ClientClosed`) and returns once they have ended, waiting at
+  most `CLOSE_WAIT_S`; once it has begun, no queued call sends a request or returns an answer.
+- A caller's `CancelToken` ends its call in whatever phase it is, with `Cancelled`; on asyncio,
+  cancelling the task does too (`asyncio.CancelledError`).
+- Nothing is final before the `Completion`: the events are progress. An `on_event` that raises
+  ends the call (its connection closed) and the exception propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Generator, Callable
+from types import TracebackType
+
+from app._sync.call import LlamaCalls
+from app.calls import CLOSE_WAIT_S, Calls
+from app.event_stream import EventStream, Step, emit
+from app.slot_queue import SlotQueue
+from domain.cancel import CancelToken
+from domain.completion import Completion
+from domain.errors import InferError
+from domain.events import ChatEvent
+from domain.gate import SlotGate
+from domain.limits import ClientLimits
+from domain.llama_api import Props, SlotInfo, Token
+from domain.messages import ChatRequest
+from domain.request import RequestSettings
+from domain.retry import RetryPolicy
+from ports.clock import Clock
+from ports.slot_probe import SlotProbe
+from ports.transport import Transport
+
+__all__ = ["Client", "EventSink"]
+
+EventSink = Callable[[ChatEvent], None]
+
+
+class Client:
+    """Built by `app.container.Container` from a `Config` alone. Safe to share (between tasks,
+    threads and event loops); `close()` (or leaving `with client:`) ends every call."""
+
+    def __init__(
+        self,
+        *,
+        transport: Transport,
+        probe: SlotProbe,
+        clock: Clock,
+        gate: SlotGate,
+        retry_policy: RetryPolicy,
+        request_settings: RequestSettings,
+        limits: ClientLimits,
+        total_slots: int | None,
+    ) -> None:
+        self._calls = Calls()
+        self._gate = gate
+        self._llama = LlamaCalls(
+            transport=transport,
+            probe=probe,
+            clock=clock,
+            queue=SlotQueue(gate),
+            retry_policy=retry_policy,
+            request_settings=request_settings,
+            limits=limits,
+            total_slots=total_slots,
+        )
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
+        """One attempt: returns the final `Completion` or raises an `InferError`."""
+        with self.stream(req, cancel) as stream:
+            for event in stream:
+                emit(on_event, event)
+        return stream.completion
+
+    def chat_with_retry(
+        self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
+    ) -> Completion:
+        """`chat`, retried by the retry policy; every attempt sends the same bytes."""
+        with self.stream_with_retry(req, cancel) as stream:
+            for event in stream:
+                emit(on_event, event)
+        return stream.completion
+
+    def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
+        """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
+        return EventStream(lambda token: self._steps(req, token, cancel, retry=False))
+
+    def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
+        """`chat_with_retry` as an iterator of events."""
+        return EventStream(lambda token: self._steps(req, token, cancel, retry=True))
+
+    def _steps(
+        self, req: ChatRequest, token: CancelToken, cancel: CancelToken | None, *, retry: bool
+    ) -> Generator[Step, None, None]:
+        """The call's steps, registered with the client while they run. The `finally` runs
+        however the call ends: its end, an error, `close()`, or a stream dropped unclosed."""
+        self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
+        try:
+            token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
+            with contextlib.closing(self._llama.chat(req, token, retry=retry)) as steps:
+                for step in steps:
+                    yield step
+        except InferError as exc:
+            if token.cancelled:  # the cancel broke the I/O: say why
+                raise token.error() from exc
+            raise
+        finally:
+            self._calls.end(token)
+
+    # -- the small calls ----------------------------------------------------------------------
+
+    def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
+        """The exact request body `chat` sends for `req` (validated, deterministic)."""
+        with self._calls.scope(cancel) as token:
+            return self._llama.render(req, token)
+
+    def props(self, cancel: CancelToken | None = None) -> Props:
+        with self._calls.scope(cancel) as token:
+            return self._llama.props(token)
+
+    def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
+        with self._calls.scope(cancel) as token:
+            return self._llama.slots(token)
+
+    def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
+        with self._calls.scope(cancel) as token:
+            return self._llama.tokenize(text, token)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
+        they have ended (waiting at most `CLOSE_WAIT_S`). Idempotent."""
+        if self._calls.close_all():
+            self._calls.wait_idle(CLOSE_WAIT_S)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,107 @@
+# Generated from src/app/_async/fetch.py by scripts/unasync.py: do not edit.
+"""A small request whose answer is one body, and the `/slots` probe built on it: the I/O loops
+over the `Exchange` port, written once (the blocking twin is generated from this file).
+
+The rules are values in the domain (`domain.bodies`): the head within `head_wait_s` of sending;
+then the body (or an error body) within `body_wait_s` more, in all, however it trickles in. A
+200 answer's body is returned whole, or `ProtocolError` past `body_bytes`; any other status is
+`HttpError(status, body)` with as much of the body as came within the deadline, up to
+`error_body_bytes`. The connection is always closed before returning or raising.
+
+`HttpSlotProbe` is the `SlotProbe` port over any transport: `GET /slots` on a
+connection of its own under `ClientLimits.probe()`. Every way of not learning the state
+(refused, 503 while loading, 501 with `--no-slots`, silence, a cut, a malformed or oversized
+body, no entry for the slot) is `SlotState.UNAVAILABLE`, logged at WARNING under
+`inferpath.probe` with `domain.errors.loggable` (no server text); only a negative slot id raises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
+from domain.errors import HttpError, InferError, loggable
+from domain.llama_api import SLOTS_PATH, slot_state, with_model
+from ports.clock import Clock
+from ports.slot_probe import SlotState
+from ports.transport import Exchange, Transport, CancelSignal
+
+__all__ = ["HttpSlotProbe", "error_body", "fetch", "read_all"]
+
+log = logging.getLogger("inferpath.probe")
+
+
+def fetch(
+    transport: Transport,
+    clock: Clock,
+    method: str,
+    path: str,
+    body: bytes | None,
+    limits: FetchLimits,
+    cancel: CancelSignal | None = None,
+) -> bytes:
+    """The body of a 200 answer to `method path`; see the module for the rule. `cancel` aborts
+    the connection when the call is cancelled."""
+    exchange = transport.open(method, path, body, timeout=limits.head_wait_s, cancel=cancel)
+    try:
+        head = answered(exchange.head(limits.head_wait_s), method, path, limits)
+        deadline = clock.now() + limits.body_wait_s
+        if head.status != 200:
+            kept = error_body(exchange, clock, deadline, limits.error_body_bytes)
+            raise HttpError(head.status, kept, limits.error_body_bytes)
+        return read_all(exchange, clock, limits.body_bytes, max(deadline - clock.now(), 0.0))
+    finally:
+        exchange.close()
+
+
+def read_all(exchange: Exchange, clock: Clock, limit: int, timeout: float) -> bytes:
+    """The body of `exchange`, whole, under `WholeBody`'s rule. Errors of `head` and `read` (a
+    cut, malformed framing) pass through."""
+    deadline = clock.now() + timeout
+    body = WholeBody(exchange.what, limit, timeout)
+    body.start(exchange.head(timeout))
+    while not body.take(exchange.read(max(deadline - clock.now(), 0.0))):
+        pass
+    return body.data()
+
+
+def error_body(exchange: Exchange, clock: Clock, deadline: float, limit: int) -> bytes:
+    """Up to `limit` bytes of an error answer's body, as far as it came by `deadline`."""
+    body = ErrorBody(limit, deadline)
+    try:
+        while (left := body.wait(clock.now())) is not None:
+            if body.take(exchange.read(left)):
+                break
+    except InferError:
+        pass  # a body cut short still says what it can
+    return body.data()
+
+
+class HttpSlotProbe:
+    """Works over any transport (a Unix socket in production, a script in tests). `model`, when
+    given, is sent as `?model=`: a llama-server router routes GETs by it (and loads that model
+    if it was unloaded); a single-model server ignores it."""
+
+    __slots__ = ("_clock", "_limits", "_path", "_transport")
+
+    def __init__(
+        self, transport: Transport, clock: Clock, limits: FetchLimits, model: str | None = None
+    ) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._limits = limits
+        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
+
+    def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
+        if slot < 0:
+            raise ValueError(f"slot ids are never negative, got {slot}")
+        try:
+            body = fetch(self._transport, self._clock, "GET", self._path, None, self._limits, cancel)
+        except InferError as exc:
+            # The server cannot say (refused, loading, silent, malformed): the load budget runs.
+            log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
+            return SlotState.UNAVAILABLE
+        state = slot_state(body, slot)
+        if state is SlotState.UNAVAILABLE:
+            log.warning("slot %d: /slots answer has no readable entry for this slot", slot)
+        return state
