@@ -11,6 +11,8 @@ unit tests, so both run the same parsing. The contract, which both streams meet:
   `TIMED_OUT` if nothing arrived within `timeout` seconds. A timeout of zero or less polls. A
   timeout consumes nothing: the next call continues where this one stopped. A connection that
   failed (reset by the peer) raises `OSError`.
+- `pause()` lets whatever else shares the thread run once (the event loop's other tasks); a
+  blocking stream has nothing to let run and returns at once.
 - `shutdown()` may be called from any thread while another is blocked in `recv`: that `recv`
   returns (`b""`) at once and the peer sees the close. It never raises.
 - `close()` releases the connection; it is idempotent and never raises. Nothing may be called
@@ -33,6 +35,8 @@ class ByteStream(Protocol):
 
     def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut: ...
 
+    def pause(self) -> None: ...
+
     def shutdown(self) -> None: ...
 
     def close(self) -> None: ...
@@ -47,6 +51,8 @@ class AsyncByteStream(Protocol):
     async def send_all(self, data: bytes, timeout: float) -> None: ...
 
     async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut: ...
+
+    async def pause(self) -> None: ...
 
     def shutdown(self) -> None: ...
 

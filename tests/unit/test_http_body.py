@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
+from adapters.uds_http.body import GATHER_BYTES, SMALL_CHUNK, BodyReader, ChunkedBody, EmptyBody, LengthBody
 from domain.errors import InferError, ProtocolError, StreamClosedEarly
 
 pytestmark = pytest.mark.timeout(60)
@@ -165,9 +165,51 @@ def test_a_long_chunk_is_handed_out_as_it_arrives() -> None:
     assert reader.received == 10
 
 
-def test_a_whole_buffered_chunk_is_one_piece() -> None:
-    reader = ChunkedBody("x", LIMIT, b"3\r\nabc\r\n2\r\nde\r\n")
-    assert [reader.pull(), reader.pull(), reader.pull()] == [b"abc", b"de", None]
+def framed(*chunks: bytes) -> bytes:
+    return b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks)
+
+
+def test_a_whole_buffered_chunk_of_an_events_size_is_one_piece() -> None:
+    event, other = b"e" * SMALL_CHUNK, b"f" * (SMALL_CHUNK + 1)
+    reader = ChunkedBody("x", LIMIT, framed(event, other))
+    assert [reader.pull(), reader.pull(), reader.pull()] == [event, other, None]
+
+
+def test_tiny_chunks_buffered_together_are_one_piece_up_to_the_gather_limit() -> None:
+    data = b"".join(bytes([65 + i % 26]) for i in range(GATHER_BYTES + 10))
+    reader = ChunkedBody("x", LIMIT, framed(*(data[i : i + 1] for i in range(len(data)))) + b"0\r\n\r\n")
+    first = reader.pull()
+    assert first == data[:GATHER_BYTES]
+    assert reader.pull() == data[GATHER_BYTES:]
+    assert reader.pull() == b""
+    assert reader.received == len(data)
+
+
+def test_tiny_chunks_stop_gathering_at_an_events_size_chunk_and_at_a_partial_one() -> None:
+    event = b"e" * SMALL_CHUNK
+    reader = ChunkedBody("x", LIMIT, framed(b"a", b"b", event, b"c") + b"5\r\nde")
+    assert [reader.pull(), reader.pull(), reader.pull()] == [b"ab" + event, b"cde", None]
+
+
+@pytest.mark.parametrize(
+    ("tail", "first", "error"),
+    [
+        (b"zz\r\n", b"ab", ProtocolError),
+        (b"3\r\nabcXX", b"ababc", ProtocolError),
+        (b"3\r\nab", b"abab", StreamClosedEarly),
+    ],
+    ids=["bad size line", "no CRLF after a chunk", "cut inside a chunk"],
+)
+def test_tiny_chunks_before_a_fault_are_handed_out_first_and_the_fault_then(
+    tail: bytes, first: bytes, error: type
+) -> None:
+    reader = ChunkedBody("x", LIMIT, framed(b"a", b"b") + tail)
+    reader.eof()
+    assert reader.pull() == first
+    with pytest.raises(error):
+        reader.pull()
+    with pytest.raises(error):
+        reader.pull()
 
 
 # -- content-length, read-to-close, no body ------------------------------------------------------

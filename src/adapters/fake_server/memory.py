@@ -129,6 +129,9 @@ class ScriptedStream:
             self._next = index + 1
         return data
 
+    def pause(self) -> None:
+        return None
+
     def shutdown(self) -> None:
         self._shut = True
         self.close()
@@ -210,6 +213,9 @@ class AsyncScriptedStream:
         data = self._stream.recv(max_bytes, timeout)
         await asyncio.sleep(0)
         return data
+
+    async def pause(self) -> None:
+        await asyncio.sleep(0)
 
     def shutdown(self) -> None:
         self._stream.shutdown()

@@ -16,6 +16,10 @@ Invariants:
 - A chunk's data is handed out as soon as any of it is buffered (a chunk larger than a read is
   handed out in pieces); a whole buffered chunk is one piece, which is how llama-server writes
   one SSE event.
+- Tiny chunks cost no more per byte than big ones: a chunk under `SMALL_CHUNK` bytes is handed
+  out together with the tiny chunks buffered right behind it, up to `GATHER_BYTES` in one piece,
+  so a server that sends one byte per chunk costs one piece per receive, not one per byte. A
+  framing error or a cut behind them is raised by the next `pull`, after the bytes before it.
 - Chunk-size lines and trailers are capped at `line_limit` bytes (the header limit), chunk
   sizes at 16 hex digits; anything else malformed is a `ProtocolError` naming the chunk.
 """
@@ -33,6 +37,11 @@ _SIZE_LINE: Final = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(;[\t\x20-\x7e\x80-\x
 _TRAILER_LINE: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*")
 
 _SIZE, _DATA, _CRLF, _TRAILER, _DONE = range(5)
+
+# llama-server's chunks are whole SSE events, never this small: only a server that splits its
+# body into tiny chunks has them gathered (see the module's invariants).
+SMALL_CHUNK: Final = 64
+GATHER_BYTES: Final = 65536
 
 
 class BodyReader:
@@ -114,7 +123,7 @@ class LengthBody(BodyReader):
 class ChunkedBody(BodyReader):
     """A `Transfer-Encoding: chunked` body. Extensions and trailers are accepted and ignored."""
 
-    __slots__ = ("_chunks", "_left", "_line_limit", "_size", "_state", "_trailer_bytes")
+    __slots__ = ("_chunks", "_fault", "_left", "_line_limit", "_size", "_state", "_trailer_bytes")
 
     def __init__(self, what: str, line_limit: int, buffered: bytes = b"") -> None:
         super().__init__(what, buffered)
@@ -124,8 +133,31 @@ class ChunkedBody(BodyReader):
         self._size = 0  # size of the current chunk
         self._chunks = 0  # chunks started
         self._trailer_bytes = 0
+        self._fault: ProtocolError | StreamClosedEarly | None = None  # found behind gathered chunks
 
     def pull(self) -> bytes | None:
+        if self._fault is not None:
+            raise self._fault
+        piece = self._next_chunk()
+        if not piece or len(piece) >= SMALL_CHUNK:
+            return piece
+        pieces = [piece]
+        total = len(piece)
+        while total < GATHER_BYTES:
+            try:
+                more = self._next_chunk()
+            except (ProtocolError, StreamClosedEarly) as exc:
+                self._fault = exc  # raised by the next pull, after these bytes
+                break
+            if not more:
+                break  # needs more input, or the body ended: the next pull says so again
+            pieces.append(more)
+            total += len(more)
+            if len(more) >= SMALL_CHUNK:
+                break
+        return piece if len(pieces) == 1 else b"".join(pieces)
+
+    def _next_chunk(self) -> bytes | None:
         while True:
             state = self._state
             buf = self._buf

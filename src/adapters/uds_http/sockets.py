@@ -71,6 +71,9 @@ class SocketStream:
         except (TimeoutError, BlockingIOError):  # a zero timeout polls: BlockingIOError
             return TIMED_OUT
 
+    def pause(self) -> None:
+        return None
+
     def shutdown(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -128,6 +131,9 @@ class AsyncSocketStream:
             if deadline.expired():
                 return TIMED_OUT
             raise
+
+    async def pause(self) -> None:
+        await asyncio.sleep(0)
 
     def shutdown(self) -> None:
         with contextlib.suppress(OSError):

@@ -29,7 +29,6 @@ the I/O behind the ports. Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Generator
 
@@ -41,7 +40,8 @@ from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.completion import Completion, Timings
 from domain.errors import HttpError, InferError, loggable
-from domain.events import Progress, Queued, Retrying
+from domain.events import Progress, Queued, Retrying, Waiting
+from domain.gate import Ticket
 from domain.limits import ClientLimits
 from domain.llama_api import (
     CHAT_PATH,
@@ -66,7 +66,7 @@ from domain.retry import RetryPolicy
 from domain.waiting import gate_timeout
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
-from ports.transport import Transport, TimedOut
+from ports.transport import Exchange, Transport, ResponseHead, TimedOut
 
 __all__ = ["LlamaCalls"]
 
@@ -100,32 +100,13 @@ class LlamaCalls:
 
     # -- a chat -------------------------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, token: CancelToken, *, retry: bool) -> Generator[Step, None, None]:
-        """The steps of one chat: its events, then its `Completion`; attempts through the gate,
-        retried by the policy when `retry`. Learning the slot count from `/props` (when the config
-        does not give it) is part of the first attempt, so a server that is down or loading at
-        that moment is retried too."""
-        started = self._clock.now()
-        body: bytes | None = None
-        attempt = 1
-        while True:
-            try:
-                if body is None:
-                    body = self.render(req, token)
-                with contextlib.closing(self._gated(req, body, token)) as steps:
-                    for step in steps:
-                        yield step
-                return
-            except InferError as error:
-                if not retry or token.cancelled:
-                    raise
-                event = self._retrying(req.slot, attempt, error, (self._clock.now() - started) * 1000.0)
-                attempt = event.attempt
-                yield event
-                self._clock.sleep(event.after_ms / 1000.0, token)
-                token.raise_if_cancelled()
+    def now(self) -> float:
+        return self._clock.now()
 
-    def _retrying(self, slot: int, attempt: int, error: InferError, elapsed_ms: float) -> Retrying:
+    def sleep(self, seconds: float, token: CancelToken) -> None:
+        self._clock.sleep(seconds, token)
+
+    def retrying(self, slot: int, attempt: int, error: InferError, elapsed_ms: float) -> Retrying:
         """The `Retrying` event after attempt number `attempt` failed with `error` (logged at
         WARNING with how long the retries may still wait), or `error` raised if it is not retried."""
         policy = self._retry
@@ -144,47 +125,35 @@ class LlamaCalls:
         )
         return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}")
 
-    def _gated(self, req: ChatRequest, body: bytes, token: CancelToken) -> Generator[Step, None, None]:
-        """One attempt through the slot gate: queue (emitting `Queued`, at most `busy_wait_ms`),
-        hold, attempt, give the slot back."""
+    def attempt(self, req: ChatRequest, body: bytes, token: CancelToken) -> Generator[Step, None, None]:
+        """One attempt: through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`),
+        open + send, the head (with its polls), then the stream to its `Completion`; the slot is
+        given back on every way out."""
+        limits = self._limits
+        clock = self._clock
         slot = req.slot
         queue = self._queue
         token.raise_if_cancelled()
         ticket = queue.enter(slot)
         try:
-            ahead = ticket.ahead
-            if ahead:
-                deadline = queue.deadline(self._limits.gate_wait_s)
-                while ahead:
-                    log.debug("slot %d: queued, %d ahead", slot, ahead)
-                    yield Queued(ahead)
-                    moved = queue.wait(ticket, token, deadline)
-                    if isinstance(moved, TimedOut):
-                        raise gate_timeout(slot, self._limits.gate_wait_s, self._limits.busy_wait_ms)
-                    ahead = moved
+            if ticket.ahead:
+                for queued in self._queued(ticket, slot, token):
+                    yield queued
             token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-            with contextlib.closing(self._attempt(req, body, token)) as steps:
-                for step in steps:
-                    yield step
-        finally:
+            exchange = self._transport.open(
+                "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token
+            )
+        except BaseException:
             queue.leave(ticket)
-
-    def _attempt(self, req: ChatRequest, body: bytes, token: CancelToken) -> Generator[Step, None, None]:
-        """One request: open + send, the head (with its polls), then the stream to its end."""
-        limits = self._limits
-        clock = self._clock
-        slot = req.slot
-        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token)
+            raise
         try:
-            sent = clock.now()
-            wait = limits.first_byte_wait(sent, slot)
-            while isinstance(head := exchange.head(wait.timeout(clock.now())), TimedOut):
-                decision = wait.on_poll(clock.now(), self._probe.state(slot, token))
-                token.raise_if_cancelled()
-                yield decision.event
-                if decision.error is not None:
-                    raise decision.error
-            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
+            head: ResponseHead | None = None
+            for waited in self._head(exchange, slot, token):
+                if isinstance(waited, ResponseHead):
+                    head = waited
+                else:
+                    yield waited
+            assert head is not None
             if head.status != 200:
                 kept = error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
                 raise HttpError(head.status, kept, limits.error_body_bytes)
@@ -218,6 +187,38 @@ class LlamaCalls:
                         yield step
         finally:
             exchange.close()
+            queue.leave(ticket)
+
+    def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
+        """Wait at the gate until the ticket holds its slot, emitting `Queued` each time it moves
+        up; `WaitTimeout` past `busy_wait_ms`."""
+        queue = self._queue
+        deadline = queue.deadline(self._limits.gate_wait_s)
+        ahead = ticket.ahead
+        while ahead:
+            log.debug("slot %d: queued, %d ahead", slot, ahead)
+            yield Queued(ahead)
+            moved = queue.wait(ticket, token, deadline)
+            if isinstance(moved, TimedOut):
+                raise gate_timeout(slot, self._limits.gate_wait_s, self._limits.busy_wait_ms)
+            ahead = moved
+
+    def _head(
+        self, exchange: Exchange, slot: int, token: CancelToken
+    ) -> Generator[Waiting | ResponseHead, None, None]:
+        """Wait for the response head, asking `/slots` each `poll_ms`: `Waiting` events, then the
+        head."""
+        clock = self._clock
+        sent = clock.now()
+        wait = self._limits.first_byte_wait(sent, slot)
+        while isinstance(head := exchange.head(wait.timeout(clock.now())), TimedOut):
+            decision = wait.on_poll(clock.now(), self._probe.state(slot, token))
+            token.raise_if_cancelled()
+            yield decision.event
+            if decision.error is not None:
+                raise decision.error
+        log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
+        yield head
 
     def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
         """Ask the server to end the thinking block on a second connection: None when it answers

@@ -109,14 +109,34 @@ class Client:
     def _steps(
         self, req: ChatRequest, token: CancelToken, cancel: CancelToken | None, *, retry: bool
     ) -> Generator[Step, None, None]:
-        """The call's steps, registered with the client while they run. The `finally` runs
-        however the call ends: its end, an error, `close()`, or a stream dropped unclosed."""
+        """The steps of one chat: its events, then its `Completion`; attempts through the gate,
+        retried by the policy when `retry`. Registered with the client while they run: the
+        `finally` runs however the call ends (its end, an error, `close()`, or a stream dropped
+        unclosed). Learning the slot count from `/props` (when the config does not give it) is
+        part of the first attempt, so a server down or loading at that moment is retried too."""
         self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
+        llama = self._llama
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            with contextlib.closing(self._llama.chat(req, token, retry=retry)) as steps:
-                for step in steps:
-                    yield step
+            started = llama.now()
+            body: bytes | None = None
+            attempt = 1
+            while True:
+                try:
+                    if body is None:
+                        body = llama.render(req, token)
+                    with contextlib.closing(llama.attempt(req, body, token)) as steps:
+                        for step in steps:
+                            yield step
+                    return
+                except InferError as error:
+                    if not retry or token.cancelled:
+                        raise
+                    event = llama.retrying(req.slot, attempt, error, (llama.now() - started) * 1000.0)
+                    attempt = event.attempt
+                    yield event
+                    llama.sleep(event.after_ms / 1000.0, token)
+                    token.raise_if_cancelled()
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc

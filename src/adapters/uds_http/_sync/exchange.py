@@ -38,6 +38,10 @@ from ports.transport import TIMED_OUT, CancelSignal, ResponseHead, TimedOut
 __all__ = ["RECV_BYTES", "HttpExchange", "send"]
 
 RECV_BYTES: Final = 65536
+# Pieces handed out from what one receive buffered before the reader lets the loop run once: a
+# server that sends a body in one-byte chunks packs 10,000 of them into one receive, and parsing
+# them all at once would hold an event loop for tens of milliseconds.
+PIECES_PER_PAUSE: Final = 64
 
 
 def send(
@@ -82,6 +86,7 @@ class HttpExchange:
         "_lock",
         "_now",
         "_parser",
+        "_pieces",
         "_recv_from",
         "_stream",
         "_unwatch",
@@ -98,6 +103,7 @@ class HttpExchange:
         self._body: BodyReader | None = None  # the parser's, once the head is parsed
         self._eof = False
         self._closed = False
+        self._pieces = 0  # handed out since the last wait or pause
         # close() and abort() may come from two threads, or abort() from a signal handler that
         # interrupted close() in the same thread: re-entrant.
         self._lock = threading.RLock()
@@ -144,8 +150,13 @@ class HttpExchange:
             assert body is not None
         piece = body.pull()
         if piece is not None:
+            self._pieces += 1
+            if self._pieces >= PIECES_PER_PAUSE:
+                self._pieces = 0
+                self._stream.pause()
             return piece
         # Nothing buffered: the only place a read waits, and the only clock read on the hot path.
+        self._pieces = 0
         if self._eof:  # pragma: no cover - the body readers end or raise at EOF
             raise self._parser.at_eof()
         now = self._now
