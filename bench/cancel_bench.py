@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
 
 from adapters.fake_server import End, FakeServer, RecordedRequest, Script, json_reply, silence, sse_reply  # noqa: E402
 from app.client import Client  # noqa: E402
-from client_support import ANSWER, CHAT, CONTROL, REQ, SLOTS, chunk, client_for  # noqa: E402
+from client_support import ANSWER, CHAT, CONTROL, REQ, SLOTS, SYNC, chunk  # noqa: E402
 from domain.cancel import CancelToken  # noqa: E402
 from domain.errors import Cancelled  # noqa: E402
 from domain.events import ChatEvent, Content, Queued, Retrying  # noqa: E402
@@ -91,7 +91,7 @@ def chat(client: Client, token: CancelToken, sink: Callable[[ChatEvent], None]) 
 def queued(server: FakeServer) -> tuple[Client, Any, Any, Any]:
     release = threading.Event()
     server.route(*CHAT, lambda request: (release.wait(10.0), sse_reply(ANSWER))[1])
-    client = client_for(server, **LIMITS)
+    client = SYNC.client_for(server, **LIMITS)
     holder = threading.Thread(target=lambda: client.chat(REQ, lambda e: None), daemon=True)
     holder.start()
     while not client._gate.held(0):
@@ -115,7 +115,7 @@ def head(server: FakeServer) -> tuple[Client, Any, Any, Any]:
         return silence()
 
     server.route(*CHAT, handler)
-    return client_for(server, **LIMITS), chat, None, arrived
+    return SYNC.client_for(server, **LIMITS), chat, None, arrived
 
 
 def probe(server: FakeServer) -> tuple[Client, Any, Any, Any]:
@@ -127,12 +127,12 @@ def probe(server: FakeServer) -> tuple[Client, Any, Any, Any]:
 
     server.route(*CHAT, silence())
     server.route(*SLOTS, slots)
-    return client_for(server, **{**LIMITS, "poll_ms": 50}), chat, None, polled
+    return SYNC.client_for(server, **{**LIMITS, "poll_ms": 50}), chat, None, polled
 
 
 def streaming(server: FakeServer) -> tuple[Client, Any, Any, Any]:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
-    return client_for(server, **LIMITS), chat, lambda e: isinstance(e, Content), None
+    return SYNC.client_for(server, **LIMITS), chat, lambda e: isinstance(e, Content), None
 
 
 def control(server: FakeServer) -> tuple[Client, Any, Any, Any]:
@@ -147,12 +147,12 @@ def control(server: FakeServer) -> tuple[Client, Any, Any, Any]:
         sse_reply([chunk({"reasoning_content": f" t{n}"}, n=n) for n in range(1, 12)], done=False, end=End.SILENCE),
     )
     server.route(*CONTROL, handler)
-    return client_for(server, **LIMITS, thinking_cap=8, thinking_overrun=4), chat, None, posted
+    return SYNC.client_for(server, **LIMITS, thinking_cap=8, thinking_overrun=4), chat, None, posted
 
 
 def retry_wait(server: FakeServer) -> tuple[Client, Any, Any, Any]:
     server.route(*CHAT, json_reply({"error": {"code": 503, "message": "Loading model"}}, 503))
-    client = client_for(server, **LIMITS, retry={"attempts": 2, "delays_ms": [60_000], "total_ms": 120_000})
+    client = SYNC.client_for(server, **LIMITS, retry={"attempts": 2, "delays_ms": [60_000], "total_ms": 120_000})
 
     def call(client: Client, token: CancelToken, sink: Callable[[ChatEvent], None]) -> object:
         return client.chat_with_retry(REQ, sink, cancel=token)

@@ -1,21 +1,24 @@
 """What the client tests share: the routes they script, a client configured with short limits,
 a llama-server stream chunk and the short answer most of them stream.
 
-    from client_support import ANSWER, CHAT, REQ, client_for   # with tests/ on sys.path
+    from client_support import ANSWER, CHAT, REQ, Kind   # with tests/ on sys.path
 
 The limits are between 50 and 200 ms, so a test waits a fraction of a second: polls every 100 ms,
 wait budgets of 150 ms, liveness 100 ms, retry waits of 50, 80 and 120 ms without jitter.
 
-One contract suite, two clients: every client these helpers build (`client_for`, `client_of`) is
-of the kind the running test was given (`with client_kind("async"):`, set by the `client_kind`
-fixture): the sync `Client`, or the container's `AsyncClient` behind an `AsyncBridge`, which has
-the sync surface and awaits the async one underneath. Outside such a block it is the sync one.
+One contract suite, two clients: a test that asks for the `client_kind` fixture (tests/conftest.py)
+runs once per `Kind` in `CLIENT_KINDS`, and builds its clients and probes by that kind
+(`client_kind.client_for(server)`, `client_kind.client_of(container)`, `client_kind.probe_on(...)`,
+`client_kind.probe_state(...)`): the sync `Client`, or the container's `AsyncClient` behind an
+`AsyncBridge`, which has the sync surface and awaits the async one underneath. Code that wants the
+sync client alone says so: `SYNC.client_for(server)`.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 from adapters.fake_server import AsyncFakeClock, FakeClock, FakeServer, RecordedRequest
@@ -69,54 +72,55 @@ def overridden() -> Iterator[Callable[..., Container]]:
         yield make
 
 
-CLIENT_KINDS = ("sync", "async")
-_kind = ["sync"]
+@dataclass(frozen=True)
+class Kind:
+    """One flavour of client, and how to build its clients and probes: `SYNC` (`app.client.Client`)
+    or `ASYNC` (`app.async_client.AsyncClient` behind an `AsyncBridge`, duck-typed as a `Client`).
+    The `client_kind` fixture (tests/conftest.py) hands a test one of them."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_async(self) -> bool:
+        return self.name == "async"
+
+    def client_of(self, container: Container) -> Client:
+        """The container's client of this kind: `container.client()`, or
+        `container.async_client()` behind an `AsyncBridge`."""
+        if self.is_async:
+            return cast(Client, AsyncBridge(container.async_client()))
+        client: Client = container.client()
+        return client
+
+    def client_for(self, server: FakeServer, **options: Any) -> Client:
+        """A client of this kind on `server`'s socket, configured by `config_for(..., **options)`."""
+        return self.client_of(Container(config=config_for(server.socket_path, **options)))
+
+    def probe_on(self, socket_path: str, *, timeout: float, body_bytes: int) -> dict[str, Any]:
+        """A provider override: a `/slots` probe of this kind on `socket_path` (the sync client's
+        `probe`, or the async client's `async_probe`)."""
+        limits = FetchLimits(timeout, timeout, body_bytes, 4096)
+        if self.is_async:
+            transport = AsyncUdsTransport(socket_path, header_bytes=16384)
+            return {"async_probe": AsyncHttpSlotProbe(transport, AsyncSystemClock(), limits)}
+        blocking = UdsTransport(socket_path, header_bytes=16384)
+        return {"probe": HttpSlotProbe(blocking, SystemClock(), limits)}
+
+    def probe_state(self, container: Container, slot: int) -> SlotState:
+        """One `/slots` probe by the container's probe of this kind."""
+        if self.is_async:
+            state: SlotState = run(container.async_probe().state(slot))
+            return state
+        probed: SlotState = container.probe().state(slot)
+        return probed
 
 
-@contextlib.contextmanager
-def client_kind(kind: str) -> Iterator[str]:
-    """Within the block, the helpers build clients of `kind` ("sync" or "async")."""
-    if kind not in CLIENT_KINDS:
-        raise ValueError(f"no client kind {kind!r}: one of {CLIENT_KINDS}")
-    before = _kind[0]
-    _kind[0] = kind
-    try:
-        yield kind
-    finally:
-        _kind[0] = before
-
-
-def client_of(container: Container) -> Client:
-    """The container's client of the current kind: `container.client()`, or
-    `container.async_client()` behind an `AsyncBridge` (duck-typed as a `Client`)."""
-    if _kind[0] == "async":
-        return cast(Client, AsyncBridge(container.async_client()))
-    client: Client = container.client()
-    return client
-
-
-def client_for(server: FakeServer, **options: Any) -> Client:
-    return client_of(Container(config=config_for(server.socket_path, **options)))
-
-
-def probe_on(socket_path: str, *, timeout: float, body_bytes: int) -> dict[str, Any]:
-    """A provider override for the current kind: a `/slots` probe on `socket_path` (the sync
-    client's `probe`, or the async client's `async_probe`)."""
-    limits = FetchLimits(timeout, timeout, body_bytes, 4096)
-    if _kind[0] == "async":
-        transport = AsyncUdsTransport(socket_path, header_bytes=16384)
-        return {"async_probe": AsyncHttpSlotProbe(transport, AsyncSystemClock(), limits)}
-    blocking = UdsTransport(socket_path, header_bytes=16384)
-    return {"probe": HttpSlotProbe(blocking, SystemClock(), limits)}
-
-
-def probe_state(container: Container, slot: int) -> SlotState:
-    """One `/slots` probe by the container's probe of the current kind."""
-    if _kind[0] == "async":
-        state: SlotState = run(container.async_probe().state(slot))
-        return state
-    probed: SlotState = container.probe().state(slot)
-    return probed
+SYNC = Kind("sync")
+ASYNC = Kind("async")
+CLIENT_KINDS = (SYNC, ASYNC)
 
 
 def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest]:

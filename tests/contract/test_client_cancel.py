@@ -19,18 +19,7 @@ import pytest
 
 from adapters.fake_server import End, FakeServer, RecordedRequest, Script, json_reply, silence, sse_reply
 from app.client import Client
-from client_support import (
-    ANSWER,
-    ANSWER_COMPLETION,
-    ANSWER_EVENTS,
-    CHAT,
-    CONTROL,
-    REQ,
-    SLOTS,
-    chunk,
-    client_for,
-    recorded,
-)
+from client_support import ANSWER, ANSWER_COMPLETION, ANSWER_EVENTS, CHAT, CONTROL, REQ, SLOTS, Kind, chunk, recorded
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed, InferError
 from domain.events import ChatEvent, Content, Queued, Reasoning, Retrying, Waiting
@@ -107,9 +96,9 @@ def cancel_once(client: Client, reached: threading.Event) -> tuple[BaseException
     return (outcome[0] if outcome else None), latency
 
 
-def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(server: FakeServer) -> None:
+def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
-    client = client_for(server, liveness_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200)
     token = CancelToken()
     canceller = Canceller(token, lambda e: isinstance(e, Content))
 
@@ -121,10 +110,10 @@ def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(server: Fa
     assert not client._gate.held(0)
 
 
-def test_cancel_while_waiting_for_the_head_returns_at_once(server: FakeServer) -> None:
+def test_cancel_while_waiting_for_the_head_returns_at_once(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, silence())
     server.route(*SLOTS, json_reply([{"id": 0, "is_processing": True}]))
-    client = client_for(server, poll_ms=50, busy_wait_ms=200)
+    client = client_kind.client_for(server, poll_ms=50, busy_wait_ms=200)
     token = CancelToken()
     canceller = Canceller(token, lambda e: isinstance(e, Waiting))
 
@@ -135,7 +124,7 @@ def test_cancel_while_waiting_for_the_head_returns_at_once(server: FakeServer) -
     assert stream.client_closed.wait(1.0)
 
 
-def test_cancel_during_a_slots_poll_returns_at_once(server: FakeServer) -> None:
+def test_cancel_during_a_slots_poll_returns_at_once(server: FakeServer, client_kind: Kind) -> None:
     # The probe itself is left unanswered: the cancel must cut its connection too.
     polled = threading.Event()
 
@@ -145,7 +134,7 @@ def test_cancel_during_a_slots_poll_returns_at_once(server: FakeServer) -> None:
 
     server.route(*CHAT, silence())
     server.route(*SLOTS, slots)
-    client = client_for(server, poll_ms=50, busy_wait_ms=200, load_wait_ms=200)
+    client = client_kind.client_for(server, poll_ms=50, busy_wait_ms=200, load_wait_ms=200)
     outcome, latency = cancel_once(client, polled)
 
     assert type(outcome) is Cancelled
@@ -153,7 +142,7 @@ def test_cancel_during_a_slots_poll_returns_at_once(server: FakeServer) -> None:
     assert all(r.client_closed.wait(1.0) for r in server.requests)
 
 
-def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: FakeServer) -> None:
+def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: FakeServer, client_kind: Kind) -> None:
     release = threading.Event()
 
     def first(request: RecordedRequest) -> Script:
@@ -161,7 +150,7 @@ def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: FakeSe
         return sse_reply(ANSWER)
 
     server.route(*CHAT, first)
-    client = client_for(server, liveness_ms=200, poll_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200, poll_ms=200)
     holder = threading.Thread(target=lambda: client.chat(REQ, lambda event: None))
     holder.start()
     deadline = time.monotonic() + 2.0
@@ -180,7 +169,7 @@ def test_cancel_while_queued_gives_up_the_place_and_sends_nothing(server: FakeSe
     assert client._gate.waiting(0) == 0
 
 
-def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer) -> None:
+def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer, client_kind: Kind) -> None:
     server.route(
         *CHAT,
         sse_reply([chunk({"reasoning_content": f" t{n}"}, n=n) for n in range(1, 12)], done=False, end=End.SILENCE),
@@ -192,7 +181,7 @@ def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer) 
         return silence()
 
     server.route(*CONTROL, control)
-    client = client_for(server, thinking_cap=8, thinking_overrun=4, liveness_ms=200)
+    client = client_kind.client_for(server, thinking_cap=8, thinking_overrun=4, liveness_ms=200)
     outcome, latency = cancel_once(client, posted)
 
     assert type(outcome) is Cancelled
@@ -202,9 +191,9 @@ def test_cancel_while_posting_reasoning_end_returns_at_once(server: FakeServer) 
     assert recorded(server, CHAT)[0].client_closed.wait(1.0)
 
 
-def test_cancel_while_waiting_to_retry_makes_no_later_attempt(server: FakeServer) -> None:
+def test_cancel_while_waiting_to_retry_makes_no_later_attempt(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, json_reply({"error": {"code": 503, "message": "Loading model"}}, 503))
-    client = client_for(server, retry={"attempts": 2, "delays_ms": [200]})
+    client = client_kind.client_for(server, retry={"attempts": 2, "delays_ms": [200]})
     token = CancelToken()
     canceller = Canceller(token, lambda e: isinstance(e, Retrying))
 
@@ -214,12 +203,12 @@ def test_cancel_while_waiting_to_retry_makes_no_later_attempt(server: FakeServer
     assert len(recorded(server, CHAT)) == 1
 
 
-def test_a_token_cancelled_before_the_call_sends_nothing(server: FakeServer) -> None:
+def test_a_token_cancelled_before_the_call_sends_nothing(server: FakeServer, client_kind: Kind) -> None:
     token = CancelToken()
     token.cancel()
 
     with pytest.raises(Cancelled):
-        client_for(server).chat(REQ, lambda event: None, cancel=token)
+        client_kind.client_for(server).chat(REQ, lambda event: None, cancel=token)
 
     assert server.requests == []
 
@@ -236,9 +225,9 @@ def test_cancel_is_idempotent_and_a_token_says_so() -> None:
 # -- close ------------------------------------------------------------------------------------
 
 
-def test_close_ends_calls_in_flight_and_queued_and_refuses_new_ones(server: FakeServer) -> None:
+def test_close_ends_calls_in_flight_and_queued_and_refuses_new_ones(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
-    client = client_for(server, liveness_ms=200, poll_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200, poll_ms=200)
     outcomes: list[BaseException | None] = [None, None]
     streaming = threading.Event()
 
@@ -278,9 +267,9 @@ def test_close_ends_calls_in_flight_and_queued_and_refuses_new_ones(server: Fake
     assert recorded(server, CHAT)[0].client_closed.wait(1.0)
 
 
-def test_a_client_used_as_a_context_manager_is_closed_after_it(server: FakeServer) -> None:
+def test_a_client_used_as_a_context_manager_is_closed_after_it(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(ANSWER))
-    with client_for(server) as client:
+    with client_kind.client_for(server) as client:
         assert client.chat(REQ, lambda event: None) == ANSWER_COMPLETION
 
     with pytest.raises(ClientClosed):
@@ -296,9 +285,9 @@ def test_closed_errors_are_cancelled_and_infer_errors() -> None:
 # -- the iterator -----------------------------------------------------------------------------
 
 
-def test_a_stream_iterates_the_events_then_has_the_completion(server: FakeServer) -> None:
+def test_a_stream_iterates_the_events_then_has_the_completion(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
 
     with client.stream(REQ) as s:
         events = list(s)
@@ -308,9 +297,9 @@ def test_a_stream_iterates_the_events_then_has_the_completion(server: FakeServer
     assert not client._gate.held(0)
 
 
-def test_leaving_the_loop_early_closes_the_connection_at_once(server: FakeServer) -> None:
+def test_leaving_the_loop_early_closes_the_connection_at_once(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
-    client = client_for(server, liveness_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200)
 
     with client.stream(REQ) as s:
         for event in s:
@@ -326,9 +315,9 @@ def test_leaving_the_loop_early_closes_the_connection_at_once(server: FakeServer
         s.completion  # noqa: B018
 
 
-def test_an_exception_inside_the_with_block_closes_the_connection(server: FakeServer) -> None:
+def test_an_exception_inside_the_with_block_closes_the_connection(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
-    client = client_for(server, liveness_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200)
 
     with pytest.raises(KeyError), client.stream(REQ) as s:
         next(iter(s))
@@ -339,9 +328,9 @@ def test_an_exception_inside_the_with_block_closes_the_connection(server: FakeSe
     assert not client._gate.held(0)
 
 
-def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer) -> None:
+def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"reasoning_content": "x"}, n=1)], done=False, end=End.SILENCE))
-    client = client_for(server)
+    client = client_kind.client_for(server)
     seen: list[ChatEvent] = []
 
     with pytest.raises(InferError, match="liveness limit"), client.stream(REQ) as s:
@@ -350,10 +339,10 @@ def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer) -> No
     assert seen == [Reasoning("x")]
 
 
-def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer) -> None:
+def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer, client_kind: Kind) -> None:
     answers = iter([json_reply({"error": {"code": 503, "message": "Loading model"}}, 503), sse_reply(ANSWER)])
     server.route(*CHAT, lambda request: next(answers))
-    client: Client = client_for(server)
+    client: Client = client_kind.client_for(server)
 
     with client.stream_with_retry(REQ) as s:
         events = list(s)

@@ -8,7 +8,7 @@ from adapters.fake_server import End, FakeServer, sse_reply
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
-from client_support import client_of
+from client_support import Kind
 from domain.completion import FinishReason
 from domain.errors import Stalled
 from domain.events import ChatEvent, Content
@@ -29,7 +29,7 @@ def chunk(delta: dict[str, object], finish: str | None = None, n: int = 1) -> di
     }
 
 
-def client_for(server: FakeServer) -> Client:
+def client_for(kind: Kind, server: FakeServer) -> Client:
     config = parse_config(
         {
             "socket": server.socket_path,
@@ -43,24 +43,26 @@ def client_for(server: FakeServer) -> Client:
             "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
         }
     )
-    return client_of(Container(config=config))
+    return kind.client_of(Container(config=config))
 
 
-def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_limit(server: FakeServer) -> None:
+def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_limit(
+    server: FakeServer, client_kind: Kind
+) -> None:
     server.route(
         "POST",
         "/v1/chat/completions",
         sse_reply([chunk({"content": "Hello"}), chunk({}, finish="stop", n=1)], done=False, end=End.SILENCE),
     )
     events: list[ChatEvent] = []
-    completion = client_for(server).chat(REQ, events.append)
+    completion = client_for(client_kind, server).chat(REQ, events.append)
     assert events == [Content("Hello")]
     assert (completion.content, completion.finish_reason) == ("Hello", FinishReason.STOP)
 
 
-def test_silence_before_the_final_chunk_is_still_stalled(server: FakeServer) -> None:
+def test_silence_before_the_final_chunk_is_still_stalled(server: FakeServer, client_kind: Kind) -> None:
     server.route("POST", "/v1/chat/completions", sse_reply([chunk({"content": "Hel"})], done=False, end=End.SILENCE))
     events: list[ChatEvent] = []
     with pytest.raises(Stalled):
-        client_for(server).chat(REQ, events.append)
+        client_for(client_kind, server).chat(REQ, events.append)
     assert events == [Content("Hel")]

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from adapters.fake_server import FakeServer, RecordedRequest, Script, loading, sse_reply
-from client_support import ANSWER, ANSWER_COMPLETION, ANSWER_EVENTS, CHAT, REQ, client_for, recorded
+from client_support import ANSWER, ANSWER_COMPLETION, ANSWER_EVENTS, CHAT, REQ, Kind, recorded
 from domain.completion import Completion
 from domain.errors import InferError
 from domain.events import ChatEvent, Queued, Retrying
@@ -26,6 +26,7 @@ LOADING_ERROR = 'HttpError: HTTP 503: {"error":{"code":503,"message":"Loading mo
 
 def test_a_retry_wait_frees_the_slot_and_the_retry_queues_behind_the_caller_who_took_it(
     server: FakeServer,
+    client_kind: Kind,
 ) -> None:
     b_sent = threading.Event()  # B's request reached the server: B holds the slot
     b_moved = threading.Event()  # B either holds the slot or was queued
@@ -39,7 +40,7 @@ def test_a_retry_wait_frees_the_slot_and_the_retry_queues_behind_the_caller_who_
         return sse_reply(ANSWER)
 
     server.route(*CHAT, loading(), answer_b, sse_reply(ANSWER))
-    client = client_for(server, poll_ms=200)
+    client = client_kind.client_for(server, poll_ms=200)
     a_events: list[ChatEvent] = []
     b_events: list[ChatEvent] = []
     b_outcome: list[Completion | InferError] = []

@@ -23,7 +23,7 @@ from adapters.fake_server import (
     sse_event,
     sse_reply,
 )
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, CID, CONTROL, PROPS, REQ, ROLE, chunk, client_for
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, CID, CONTROL, PROPS, REQ, ROLE, Kind, chunk
 from domain.completion import FinishReason
 from domain.errors import HttpError, InferError, ProtocolError, RequestError, Stalled, ThinkingOverrun
 from domain.events import ChatEvent, Content, Reasoning, ThinkingCapped
@@ -65,7 +65,9 @@ NOTHING_NEW = {
 
 
 @pytest.mark.parametrize("filler", NOTHING_NEW.values(), ids=NOTHING_NEW.keys())
-def test_events_that_carry_nothing_new_do_not_keep_a_stream_alive(server: FakeServer, filler: dict[str, Any]) -> None:
+def test_events_that_carry_nothing_new_do_not_keep_a_stream_alive(
+    server: FakeServer, filler: dict[str, Any], client_kind: Kind
+) -> None:
     # 1.5 s of an event every 30 ms that moves the generation nowhere: exactly like keep-alive
     # comments, they leave the liveness limit running from the last delta.
     if filler in (NOTHING_NEW["same-progress"], NOTHING_NEW["progress-past-total"]):
@@ -77,14 +79,14 @@ def test_events_that_carry_nothing_new_do_not_keep_a_stream_alive(server: FakeSe
     started = time.monotonic()
 
     with pytest.raises(Stalled, match="liveness limit 100 ms"):
-        client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < ENDS_WITHIN_S
     (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
     assert stream.client_closed.wait(2.0)
 
 
-def test_tokens_that_advance_without_text_keep_the_stream_alive(server: FakeServer) -> None:
+def test_tokens_that_advance_without_text_keep_the_stream_alive(server: FakeServer, client_kind: Kind) -> None:
     # The real server can hold text back (a partial stop word, a tool-call tag) while tokens
     # advance: a growing `predicted_n` is progress, for 0.6 s, six liveness periods.
     held = [chunk(ROLE, n=n) for n in range(2, 22)]
@@ -96,7 +98,7 @@ def test_tokens_that_advance_without_text_keep_the_stream_alive(server: FakeServ
         ),
     )
 
-    completion = client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert (completion.content, completion.finish_reason, completion.timings.predicted_n) == (
         "Paris.",
@@ -105,16 +107,16 @@ def test_tokens_that_advance_without_text_keep_the_stream_alive(server: FakeServ
     )
 
 
-def test_prompt_progress_that_grows_keeps_the_stream_alive(server: FakeServer) -> None:
+def test_prompt_progress_that_grows_keeps_the_stream_alive(server: FakeServer, client_kind: Kind) -> None:
     batches = [chunk(ROLE, progress=(2000, 0, 100 * i)) for i in range(1, 21)]
     server.route(*CHAT, sse_reply([*batches, *ANSWER[1:]], delay_s=0.03))
 
-    completion = client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert completion.content == "Paris."
 
 
-def test_tool_call_arguments_keep_the_stream_alive(server: FakeServer) -> None:
+def test_tool_call_arguments_keep_the_stream_alive(server: FakeServer, client_kind: Kind) -> None:
     first = chunk(
         {
             "tool_calls": [
@@ -125,7 +127,7 @@ def test_tool_call_arguments_keep_the_stream_alive(server: FakeServer) -> None:
     pieces = [chunk({"tool_calls": [{"index": 0, "function": {"arguments": "x"}}]}) for _ in range(20)]
     server.route(*CHAT, sse_reply([first, *pieces, chunk(finish="tool_calls")], delay_s=0.03))
 
-    completion = client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert completion.tool_calls[0].arguments == "x" * 20
 
@@ -134,7 +136,9 @@ def test_tool_call_arguments_keep_the_stream_alive(server: FakeServer) -> None:
 
 
 @pytest.mark.parametrize("timings", ["stuck", "absent"])
-def test_thinking_cap_fires_when_predicted_n_is_stuck_or_absent(server: FakeServer, timings: str) -> None:
+def test_thinking_cap_fires_when_predicted_n_is_stuck_or_absent(
+    server: FakeServer, timings: str, client_kind: Kind
+) -> None:
     # 30 reasoning chunks, each with the same predicted_n (or none): the chunk count is the floor.
     def piece(n: int) -> dict[str, Any]:
         return chunk({"reasoning_content": f" t{n}"}, n=1 if timings == "stuck" else None)
@@ -144,7 +148,7 @@ def test_thinking_cap_fires_when_predicted_n_is_stuck_or_absent(server: FakeServ
     events: list[ChatEvent] = []
 
     with pytest.raises(ThinkingOverrun, match="reasoning went on to 13 tokens after reasoning_end was posted at 8"):
-        client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
+        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
 
     assert events == [
         *(Reasoning(f" t{n}") for n in range(1, 9)),
@@ -160,7 +164,7 @@ def drip(data: bytes, every_s: float) -> list[Piece]:
     return [Piece(every_s, data[i : i + 1]) for i in range(len(data))]
 
 
-def test_an_error_body_that_drips_is_cut_at_the_liveness_limit(server: FakeServer) -> None:
+def test_an_error_body_that_drips_is_cut_at_the_liveness_limit(server: FakeServer, client_kind: Kind) -> None:
     # A 500 whose 100-byte body comes one byte every 30 ms (3 s): the status is the news, and the
     # body is read for liveness_ms in all, not poll_ms per read.
     body = b'{"error":{"code":500,"message":"' + b"x" * 60 + b'","type":"server_error"}}'
@@ -168,29 +172,31 @@ def test_an_error_body_that_drips_is_cut_at_the_liveness_limit(server: FakeServe
     started = time.monotonic()
 
     with pytest.raises(HttpError) as caught:
-        client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < ENDS_WITHIN_S
     assert caught.value.status == 500
     assert 0 < len(caught.value.body) < len(body), "kept as far as it came"
 
 
-def test_a_json_answer_that_drips_is_stalled_at_the_liveness_limit(server: FakeServer) -> None:
+def test_a_json_answer_that_drips_is_stalled_at_the_liveness_limit(server: FakeServer, client_kind: Kind) -> None:
     body = b'{"chat_template":"' + b"x" * 100 + b'","total_slots":2,"default_generation_settings":{"n_ctx":4096}}'
     server.route(*PROPS, Reply(200, (("Content-Type", "application/json"),), drip(body, 0.03)))
     started = time.monotonic()
 
     with pytest.raises(Stalled):
-        client_for(server).props()
+        client_kind.client_for(server).props()
 
     assert time.monotonic() - started < ENDS_WITHIN_S
 
 
-def test_the_final_chunk_returns_the_answer_at_once_even_if_silence_follows(server: FakeServer) -> None:
+def test_the_final_chunk_returns_the_answer_at_once_even_if_silence_follows(
+    server: FakeServer, client_kind: Kind
+) -> None:
     server.route(*CHAT, sse_reply(ANSWER, done=False, end=End.SILENCE))
     started = time.monotonic()
 
-    completion = client_for(server, liveness_ms=200).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, liveness_ms=200).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < 0.1, "no wait for [DONE] or for the liveness limit"
     assert completion == ANSWER_COMPLETION
@@ -198,59 +204,59 @@ def test_the_final_chunk_returns_the_answer_at_once_even_if_silence_follows(serv
     assert stream.client_closed.wait(2.0)
 
 
-def test_nothing_after_the_final_chunk_changes_the_answer(server: FakeServer) -> None:
+def test_nothing_after_the_final_chunk_changes_the_answer(server: FakeServer, client_kind: Kind) -> None:
     after = [chunk({"content": " And more."}, n=3), chunk(finish="length", n=3)]
     server.route(*CHAT, sse_reply([*ANSWER, *after]))
     events: list[ChatEvent] = []
 
-    completion = client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server).chat(REQ, events.append)
 
     assert completion == ANSWER_COMPLETION
     assert Content(" And more.") not in events
 
 
-def test_an_answer_past_answer_bytes_is_a_protocol_error(server: FakeServer) -> None:
+def test_an_answer_past_answer_bytes_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
     pieces = [chunk({"content": "y" * 100}, n=n) for n in range(1, 40)]
     server.route(*CHAT, sse_reply([*pieces, chunk(finish="stop", n=40)]))
 
     with pytest.raises(ProtocolError, match="past the 1000-byte limit \\(answer_bytes\\)"):
-        client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
+        client_kind.client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
 
     (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
     assert stream.client_closed.wait(2.0)
 
 
-def test_reasoning_and_tool_arguments_count_toward_answer_bytes(server: FakeServer) -> None:
+def test_reasoning_and_tool_arguments_count_toward_answer_bytes(server: FakeServer, client_kind: Kind) -> None:
     reasoning = [chunk({"reasoning_content": "r" * 300}, n=n) for n in range(1, 3)]
     call = chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "a" * 500}}]})
     server.route(*CHAT, sse_reply([*reasoning, call, chunk(finish="tool_calls", n=3)]))
 
     with pytest.raises(ProtocolError, match="answer_bytes"):
-        client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
+        client_kind.client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
 
 
 # -- only errors from the table ------------------------------------------------------------------
 
 
-def test_a_request_that_must_not_be_sent_is_an_infer_error(server: FakeServer) -> None:
+def test_a_request_that_must_not_be_sent_is_an_infer_error(server: FakeServer, client_kind: Kind) -> None:
     # Callers catch InferError only: a bad request is one too, and nothing is sent.
     with pytest.raises(InferError, match="slot 7 is outside the server's 2 slots") as caught:
-        client_for(server).chat(ChatRequest(slot=7, messages=(UserMessage("hi"),)), lambda event: None)
+        client_kind.client_for(server).chat(ChatRequest(slot=7, messages=(UserMessage("hi"),)), lambda event: None)
 
     assert isinstance(caught.value, RequestError)
     assert server.requests == []
 
 
-def test_text_that_is_not_unicode_is_a_request_error(server: FakeServer) -> None:
+def test_text_that_is_not_unicode_is_a_request_error(server: FakeServer, client_kind: Kind) -> None:
     with pytest.raises(RequestError, match="not valid Unicode"):
-        client_for(server).chat(ChatRequest(slot=0, messages=(UserMessage("\ud800"),)), lambda event: None)
+        client_kind.client_for(server).chat(ChatRequest(slot=0, messages=(UserMessage("\ud800"),)), lambda event: None)
     with pytest.raises(RequestError, match="not valid Unicode"):
-        client_for(server).tokenize("\udfff")
+        client_kind.client_for(server).tokenize("\udfff")
 
     assert server.requests == []
 
 
-def test_a_control_answer_that_is_not_json_is_a_refusal(server: FakeServer) -> None:
+def test_a_control_answer_that_is_not_json_is_a_refusal(server: FakeServer, client_kind: Kind) -> None:
     stream = [chunk({"reasoning_content": f" t{n}"}, n=n) for n in range(1, 12)]
     server.route(*CHAT, sse_reply(stream, done=False, end=End.SILENCE))
 
@@ -260,4 +266,4 @@ def test_a_control_answer_that_is_not_json_is_a_refusal(server: FakeServer) -> N
     server.route(*CONTROL, control)
 
     with pytest.raises(ThinkingOverrun, match="not accepted: the server answered non-JSON"):
-        client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, lambda event: None)
+        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, lambda event: None)

@@ -28,7 +28,7 @@ from adapters.fake_server import (
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from app.container import Container
-from client_support import client_of, probe_state
+from client_support import Kind
 from domain.errors import ConnectError, HttpError, ProtocolError, Stalled, StreamClosedEarly
 from transcripts import TRANSCRIPTS, case_names, load_case
 
@@ -47,9 +47,9 @@ PROPS = {
 }
 
 
-def client_for(socket_path: str, **limits: int) -> Client:
+def client_for(kind: Kind, socket_path: str, **limits: int) -> Client:
     config = parse_config({"socket": socket_path, "limits": {**LIMITS, **limits}})
-    return client_of(Container(config=config))
+    return kind.client_of(Container(config=config))
 
 
 def recorded(name: str) -> Any:
@@ -61,10 +61,12 @@ def recorded(name: str) -> Any:
 # -- typed results ----------------------------------------------------------------------------------
 
 
-def test_props_gives_the_template_its_sha256_the_slot_count_and_the_slot_context(server: FakeServer) -> None:
+def test_props_gives_the_template_its_sha256_the_slot_count_and_the_slot_context(
+    server: FakeServer, client_kind: Kind
+) -> None:
     server.route("GET", "/props", json_reply(PROPS))
 
-    props = client_for(server.socket_path).props()
+    props = client_for(client_kind, server.socket_path).props()
 
     assert props == Props(
         chat_template=TEMPLATE,
@@ -78,7 +80,7 @@ def test_props_gives_the_template_its_sha256_the_slot_count_and_the_slot_context
     assert (request.method, request.target, request.body) == ("GET", "/props?model=default", b"")
 
 
-def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer) -> None:
+def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer, client_kind: Kind) -> None:
     # A router routes a GET by `?model=` and a POST by the body's `model`; a single-model server
     # ignores both. The /slots poll of a chat names it too.
     server.route("GET", "/props", json_reply(PROPS))
@@ -86,12 +88,12 @@ def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer) -
     server.route("POST", "/tokenize", json_reply({"tokens": []}))
     config = parse_config({"socket": server.socket_path, "model": "org/Qwen3 0.6B", "limits": LIMITS})
     container = Container(config=config)
-    client = client_of(container)
+    client = client_kind.client_of(container)
 
     client.props()
     client.slots()
     client.tokenize("")
-    probe_state(container, 0)
+    client_kind.probe_state(container, 0)
 
     assert [r.target for r in server.requests] == [
         "/props?model=org%2FQwen3%200.6B",
@@ -103,11 +105,11 @@ def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer) -
 
 
 @pytest.mark.parametrize("name", ["props", "props_thinking"])
-def test_props_of_the_recorded_servers(name: str) -> None:
+def test_props_of_the_recorded_servers(name: str, client_kind: Kind) -> None:
     case = recorded(name)
     answer = json.loads(case.body)
     with FakeServer({("GET", "/props"): raw_reply(case.response_raw)}) as server:
-        props = client_for(server.socket_path).props()
+        props = client_for(client_kind, server.socket_path).props()
 
     assert props.chat_template == answer["chat_template"]
     assert props.chat_template_sha256 == hashlib.sha256(answer["chat_template"].encode()).hexdigest()
@@ -115,18 +117,18 @@ def test_props_of_the_recorded_servers(name: str) -> None:
     assert props.model_alias == answer.get("model_alias")
 
 
-def test_slots_gives_each_slot_busy_or_idle(server: FakeServer) -> None:
+def test_slots_gives_each_slot_busy_or_idle(server: FakeServer, client_kind: Kind) -> None:
     server.route("GET", "/slots", slots_reply([True, False], n_ctx=4096))
 
-    assert client_for(server.socket_path).slots() == [SlotInfo(0, True, 4096), SlotInfo(1, False, 4096)]
+    assert client_for(client_kind, server.socket_path).slots() == [SlotInfo(0, True, 4096), SlotInfo(1, False, 4096)]
 
 
 @pytest.mark.parametrize(("name", "busy"), [("slots", [False, False]), ("slots_busy", None)])
-def test_slots_of_the_recorded_server(name: str, busy: list[bool] | None) -> None:
+def test_slots_of_the_recorded_server(name: str, busy: list[bool] | None, client_kind: Kind) -> None:
     case = recorded(name)
     answer = json.loads(case.body)
     with FakeServer({("GET", "/slots"): raw_reply(case.response_raw)}) as server:
-        slots = client_for(server.socket_path).slots()
+        slots = client_for(client_kind, server.socket_path).slots()
 
     assert slots == [SlotInfo(s["id"], s["is_processing"], s["n_ctx"]) for s in answer]
     if busy is not None:
@@ -135,24 +137,24 @@ def test_slots_of_the_recorded_server(name: str, busy: list[bool] | None) -> Non
         assert any(s.is_processing for s in slots), "recorded while a stream ran"
 
 
-def test_tokenize_sends_the_text_with_pieces_and_gives_ids_and_pieces(server: FakeServer) -> None:
+def test_tokenize_sends_the_text_with_pieces_and_gives_ids_and_pieces(server: FakeServer, client_kind: Kind) -> None:
     answer = {"tokens": [{"id": 19556, "piece": "Hello"}, {"id": 28, "piece": ","}]}
     server.route("POST", "/tokenize", json_reply(answer))
 
-    tokens = client_for(server.socket_path).tokenize("Hello,")
+    tokens = client_for(client_kind, server.socket_path).tokenize("Hello,")
 
     assert tokens == [Token(19556, "Hello", b"Hello"), Token(28, ",", b",")]
     (request,) = server.requests
     assert request.json() == {"content": "Hello,", "with_pieces": True, "model": "default"}
 
 
-def test_tokenize_keeps_the_exact_bytes_of_pieces_that_split_a_character() -> None:
+def test_tokenize_keeps_the_exact_bytes_of_pieces_that_split_a_character(client_kind: Kind) -> None:
     # llama-server sends such a piece as a list of byte values.
     case = recorded("tokenize")
     text = json.loads(case.request)["content"]
     answer = json.loads(case.body)["tokens"]
     with FakeServer({("POST", "/tokenize"): raw_reply(case.response_raw)}) as server:
-        tokens = client_for(server.socket_path).tokenize(text)
+        tokens = client_for(client_kind, server.socket_path).tokenize(text)
         sent = server.requests[0].body
 
     assert json.loads(sent) == {**json.loads(case.request), "model": "default"}
@@ -181,48 +183,54 @@ def call(request: pytest.FixtureRequest) -> tuple[str, str, Call]:
     return CALLS[request.param]
 
 
-def test_a_loading_server_is_http_503_with_its_body(server: FakeServer, call: tuple[str, str, Call]) -> None:
+def test_a_loading_server_is_http_503_with_its_body(
+    server: FakeServer, call: tuple[str, str, Call], client_kind: Kind
+) -> None:
     method, path, run = call
     server.route(method, path, loading())
 
     with pytest.raises(HttpError) as caught:
-        run(client_for(server.socket_path))
+        run(client_for(client_kind, server.socket_path))
 
     assert caught.value.status == 503
     assert caught.value.body == '{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 
 
-def test_slots_disabled_is_http_501(server: FakeServer) -> None:
+def test_slots_disabled_is_http_501(server: FakeServer, client_kind: Kind) -> None:
     disabled = error_reply(501, "This server does not support slots endpoint.", "not_supported_error")
     server.route("GET", "/slots", disabled)
 
     with pytest.raises(HttpError) as caught:
-        client_for(server.socket_path).slots()
+        client_for(client_kind, server.socket_path).slots()
 
     assert caught.value.status == 501
 
 
-def test_a_missing_socket_is_connect_error(tmp_path: Any, call: tuple[str, str, Call]) -> None:
+def test_a_missing_socket_is_connect_error(tmp_path: Any, call: tuple[str, str, Call], client_kind: Kind) -> None:
     with pytest.raises(ConnectError, match="no such socket file"):
-        call[2](client_for(str(tmp_path / "missing.sock")))
+        call[2](client_for(client_kind, str(tmp_path / "missing.sock")))
 
 
-def test_no_answer_within_the_load_wait_is_stalled(server: FakeServer, call: tuple[str, str, Call]) -> None:
+def test_no_answer_within_the_load_wait_is_stalled(
+    server: FakeServer, call: tuple[str, str, Call], client_kind: Kind
+) -> None:
     method, path, run = call
     server.route(method, path, silence())
 
     with pytest.raises(Stalled, match=f"{method} {path}(\\?model=default)?: no answer within 150 ms"):
-        run(client_for(server.socket_path))
+        run(client_for(client_kind, server.socket_path))
 
     assert server.requests[0].client_closed.wait(2.0)
 
 
-def test_a_body_cut_short_is_stream_closed_early(server: FakeServer, call: tuple[str, str, Call]) -> None:
+def test_a_body_cut_short_is_stream_closed_early(
+    server: FakeServer, call: tuple[str, str, Call], client_kind: Kind
+) -> None:
     method, path, run = call
     server.route(method, path, Reply(200, (("Content-Length", "100"),), [Piece(0.0, b'{"tokens": [')], end=End.RESET))
 
     with pytest.raises(StreamClosedEarly):
-        run(client_for(server.socket_path))
+        run(client_for(client_kind, server.socket_path))
 
 
 @pytest.mark.parametrize(
@@ -271,27 +279,31 @@ def test_a_body_cut_short_is_stream_closed_early(server: FakeServer, call: tuple
         ("/tokenize", b'{"tokens": [{"id": 1, "piece": "\\udfff"}]}', "/tokenize: answer is not valid JSON"),
     ],
 )
-def test_malformed_answers_are_protocol_errors(server: FakeServer, path: str, answer: bytes, message: str) -> None:
+def test_malformed_answers_are_protocol_errors(
+    server: FakeServer, path: str, answer: bytes, message: str, client_kind: Kind
+) -> None:
     method, _, run = next(c for c in CALLS.values() if c[1] == path)
     server.route(method, path, Reply(200, (("Content-Type", "application/json"),), [Piece(0.0, answer)]))
 
     with pytest.raises(ProtocolError, match=message):
-        run(client_for(server.socket_path))
+        run(client_for(client_kind, server.socket_path))
 
 
-def test_a_body_over_its_cap_is_a_protocol_error(server: FakeServer, call: tuple[str, str, Call]) -> None:
+def test_a_body_over_its_cap_is_a_protocol_error(
+    server: FakeServer, call: tuple[str, str, Call], client_kind: Kind
+) -> None:
     method, path, run = call
     big = {**PROPS, "chat_template": "x" * 5000}
     server.route(method, path, json_reply(big))
 
     with pytest.raises(ProtocolError, match="4096-byte body limit"):
-        run(client_for(server.socket_path, body_bytes=4096))
+        run(client_for(client_kind, server.socket_path, body_bytes=4096))
 
 
-def test_a_read_to_close_body_over_its_cap_is_a_protocol_error(server: FakeServer) -> None:
+def test_a_read_to_close_body_over_its_cap_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
     # No Content-Length: the cap is found while reading, not from the head.
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
     server.route("GET", "/props", Raw([Piece(0.0, head), *[Piece(0.0, b" " * 1024)] * 8]))
 
     with pytest.raises(ProtocolError, match="body over the 4096-byte limit"):
-        client_for(server.socket_path, body_bytes=4096).props()
+        client_for(client_kind, server.socket_path, body_bytes=4096).props()

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from adapters.fake_server import FakeServer, json_reply, silence, sse_reply
-from client_support import ANSWER, CHAT, REQ, SLOTS, chunk, client_for
+from client_support import ANSWER, CHAT, REQ, SLOTS, Kind, chunk
 from domain.errors import LoadTimeout
 from domain.messages import ChatRequest, UserMessage
 
@@ -29,14 +29,14 @@ def test_the_library_is_silent_unless_the_daemon_configures_logging() -> None:
 
 
 def test_a_request_logs_its_life_at_debug_without_any_text(
-    server: FakeServer, caplog: pytest.LogCaptureFixture
+    server: FakeServer, caplog: pytest.LogCaptureFixture, client_kind: Kind
 ) -> None:
     answer = [ANSWER[0], chunk({"content": SECRET_ANSWER}, n=1), chunk(finish="stop", n=1)]
     server.route(*CHAT, sse_reply(answer))
     req = ChatRequest(slot=0, messages=(UserMessage(SECRET_PROMPT),))
 
     with caplog.at_level(logging.DEBUG, logger="inferpath"):
-        client_for(server).chat(req, lambda event: None)
+        client_kind.client_for(server).chat(req, lambda event: None)
 
     log = texts(caplog)
     assert "inferpath.client DEBUG slot 0: response head 200" in log
@@ -46,24 +46,28 @@ def test_a_request_logs_its_life_at_debug_without_any_text(
     assert all(r.name.startswith("inferpath") for r in caplog.records)
 
 
-def test_a_retry_is_a_warning_naming_the_error(server: FakeServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_retry_is_a_warning_naming_the_error(
+    server: FakeServer, caplog: pytest.LogCaptureFixture, client_kind: Kind
+) -> None:
     answers = iter([json_reply({"error": {"code": 503, "message": "Loading model"}}, 503), sse_reply(ANSWER)])
     server.route(*CHAT, lambda request: next(answers))
 
     with caplog.at_level(logging.WARNING, logger="inferpath"):
-        client_for(server).chat_with_retry(REQ, lambda event: None)
+        client_kind.client_for(server).chat_with_retry(REQ, lambda event: None)
 
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
     assert "slot 0: retrying as attempt 2 in 50 ms after HttpError (HTTP 503)" in record.getMessage()
 
 
-def test_a_failed_probe_is_a_warning_with_its_reason(server: FakeServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_probe_is_a_warning_with_its_reason(
+    server: FakeServer, caplog: pytest.LogCaptureFixture, client_kind: Kind
+) -> None:
     server.route(*CHAT, silence())
     server.route(*SLOTS, json_reply({"error": {"code": 503, "message": "Loading model"}}, 503))
 
     with caplog.at_level(logging.WARNING, logger="inferpath"), pytest.raises(LoadTimeout):
-        client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server).chat(REQ, lambda event: None)
 
     probes = [r for r in caplog.records if r.name == "inferpath.probe"]
     assert probes, texts(caplog)

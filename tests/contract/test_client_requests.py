@@ -48,9 +48,8 @@ from client_support import (
     REQ,
     ROLE,
     SLOTS,
+    Kind,
     chunk,
-    client_for,
-    client_of,
     config_for,
     overridden,
     recorded,
@@ -87,34 +86,36 @@ TOO_LONG_BODY = (
 # -- HTTP errors and retries ----------------------------------------------------------------------
 
 
-def test_http_400_is_returned_at_once_with_its_body_unchanged_and_not_retried(server: FakeServer) -> None:
+def test_http_400_is_returned_at_once_with_its_body_unchanged_and_not_retried(
+    server: FakeServer, client_kind: Kind
+) -> None:
     server.route(*CHAT, TOO_LONG)
     events: list[ChatEvent] = []
 
     with pytest.raises(HttpError) as caught:
-        client_for(server).chat_with_retry(REQ, events.append)
+        client_kind.client_for(server).chat_with_retry(REQ, events.append)
 
     assert (caught.value.status, caught.value.body) == (400, TOO_LONG_BODY)
     assert events == []
     assert len(server.requests) == 1
 
 
-def test_an_error_body_is_kept_up_to_4_kib_and_cut_there(server: FakeServer) -> None:
+def test_an_error_body_is_kept_up_to_4_kib_and_cut_there(server: FakeServer, client_kind: Kind) -> None:
     body = ("é" * 3000).encode()  # 6000 bytes; the cut falls inside a character
     # The router's proxy failure is a 500 with a plain-text body.
     server.route(*CHAT, Reply(500, (("Content-Type", "text/plain"),), [Piece(0.0, body)]))
 
     with pytest.raises(HttpError) as caught:
-        client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server).chat(REQ, lambda event: None)
 
     assert caught.value.status == 500
     assert caught.value.body == body[:4096].decode("utf-8", "replace")
     assert caught.value.body.encode()[:4094] == body[:4094]
 
 
-def test_http_503_then_success_emits_one_retrying_then_the_completion(server: FakeServer) -> None:
+def test_http_503_then_success_emits_one_retrying_then_the_completion(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, loading(), sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
     events: list[ChatEvent] = []
 
     completion = client.chat_with_retry(REQ, events.append)
@@ -132,9 +133,9 @@ def test_http_503_then_success_emits_one_retrying_then_the_completion(server: Fa
     assert first.body == second.body == client.render(REQ)
 
 
-def test_a_cut_stream_is_retried_with_a_byte_identical_body(server: FakeServer) -> None:
+def test_a_cut_stream_is_retried_with_a_byte_identical_body(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(ANSWER[:2], done=False, end=End.RESET), sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
     events: list[ChatEvent] = []
 
     completion = client.chat_with_retry(REQ, events.append)
@@ -151,11 +152,11 @@ def test_a_cut_stream_is_retried_with_a_byte_identical_body(server: FakeServer) 
     assert first.headers == second.headers
 
 
-def test_a_stalled_stream_is_retried(server: FakeServer) -> None:
+def test_a_stalled_stream_is_retried(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(ANSWER[:2], done=False, end=End.SILENCE), sse_reply(ANSWER))
     events: list[ChatEvent] = []
 
-    assert client_for(server).chat_with_retry(REQ, events.append) == ANSWER_COMPLETION
+    assert client_kind.client_for(server).chat_with_retry(REQ, events.append) == ANSWER_COMPLETION
 
     assert [type(e).__name__ for e in events] == ["Progress", "Content", "Retrying", "Progress", "Content", "Content"]
     assert isinstance(events[2], Retrying) and events[2].error.startswith("Stalled: no data for")
@@ -164,27 +165,31 @@ def test_a_stalled_stream_is_retried(server: FakeServer) -> None:
     assert first.closed_at is not None and first.closed_at <= second.time
 
 
-def test_wait_timeout_has_already_waited_and_is_not_retried(server: FakeServer) -> None:
+def test_wait_timeout_has_already_waited_and_is_not_retried(server: FakeServer, client_kind: Kind) -> None:
     server.route(*SLOTS, slots_reply([True, False]))
     server.route(*CHAT, silence())
     events: list[ChatEvent] = []
 
     with pytest.raises(WaitTimeout):
-        client_for(server).chat_with_retry(REQ, events.append)
+        client_kind.client_for(server).chat_with_retry(REQ, events.append)
 
     assert all(not isinstance(e, Retrying) for e in events)
     assert len(recorded(server, CHAT)) == 1
 
 
 @pytest.mark.parametrize("how", ["fake clock", "real clock"])
-def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits(tmp_path: Any, how: str) -> None:
+def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits(
+    tmp_path: Any, how: str, client_kind: Kind
+) -> None:
     clock = FakeClock()
     events: list[ChatEvent] = []
     started = time.monotonic()
 
     with overridden() as make, pytest.raises(ConnectError, match="no such socket file"):
         overrides = {"clock": clock} if how == "fake clock" else {}
-        client_of(make(config_for(str(tmp_path / "missing.sock")), **overrides)).chat_with_retry(REQ, events.append)
+        client_kind.client_of(make(config_for(str(tmp_path / "missing.sock")), **overrides)).chat_with_retry(
+            REQ, events.append
+        )
 
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80), (4, 120)]
     assert len(events) == 3
@@ -195,26 +200,28 @@ def test_a_missing_socket_is_connect_error_after_4_attempts_with_the_right_waits
         assert 0.25 <= time.monotonic() - started < 2.0
 
 
-def test_retries_never_wait_past_the_total_budget(tmp_path: Any) -> None:
+def test_retries_never_wait_past_the_total_budget(tmp_path: Any, client_kind: Kind) -> None:
     config = config_for(str(tmp_path / "missing.sock"), retry={"total_ms": 200})
     clock = FakeClock()
     events: list[ChatEvent] = []
 
     with overridden() as make, pytest.raises(ConnectError):
-        client_of(make(config, clock=clock)).chat_with_retry(REQ, events.append)
+        client_kind.client_of(make(config, clock=clock)).chat_with_retry(REQ, events.append)
 
     # 50 + 80 = 130 ms waited; a third wait of 120 ms would end at 250 ms, past the 200 ms budget.
     assert [(e.attempt, e.after_ms) for e in events if isinstance(e, Retrying)] == [(2, 50), (3, 80)]
     assert clock.now() == pytest.approx(0.13)
 
 
-def test_retry_waits_are_jittered_within_a_quarter_of_the_delay(tmp_path: Any) -> None:
+def test_retry_waits_are_jittered_within_a_quarter_of_the_delay(tmp_path: Any, client_kind: Kind) -> None:
     config = config_for(str(tmp_path / "missing.sock"), retry={"jitter": 0.25, "delays_ms": [100, 200, 400]})
     for seed in range(20):
         clock = FakeClock()
         events: list[ChatEvent] = []
         with overridden() as make, pytest.raises(ConnectError):
-            client_of(make(config, clock=clock, rng=random.Random(seed))).chat_with_retry(REQ, events.append)
+            client_kind.client_of(make(config, clock=clock, rng=random.Random(seed))).chat_with_retry(
+                REQ, events.append
+            )
         waits = [e.after_ms for e in events if isinstance(e, Retrying)]
         assert len(waits) == 3
         for wait, delay in zip(waits, (100, 200, 400), strict=True):
@@ -222,27 +229,29 @@ def test_retry_waits_are_jittered_within_a_quarter_of_the_delay(tmp_path: Any) -
         assert clock.now() * 1000 == pytest.approx(sum(waits)) and sum(waits) < 1000
 
 
-def test_a_server_loading_when_the_slot_count_is_first_asked_is_retried(server: FakeServer) -> None:
+def test_a_server_loading_when_the_slot_count_is_first_asked_is_retried(server: FakeServer, client_kind: Kind) -> None:
     # Without [expect] the client learns the slot count from /props on its first request.
     server.route(*PROPS, loading(), json_reply(props_answer()))
     server.route(*CHAT, sse_reply(ANSWER))
     events: list[ChatEvent] = []
 
-    completion = client_for(server, expect=False).chat_with_retry(REQ, events.append)
+    completion = client_kind.client_for(server, expect=False).chat_with_retry(REQ, events.append)
 
     assert completion == ANSWER_COMPLETION
     assert [type(e).__name__ for e in events] == ["Retrying", "Progress", "Content", "Content"]
     assert [r.path for r in server.requests] == ["/props", "/props", "/v1/chat/completions"]
 
 
-def test_a_whole_json_answer_to_a_stream_request_is_a_protocol_error_not_retried(server: FakeServer) -> None:
+def test_a_whole_json_answer_to_a_stream_request_is_a_protocol_error_not_retried(
+    server: FakeServer, client_kind: Kind
+) -> None:
     # A server that ignored `stream: true`: without this check it would read as a stream with no
     # final chunk and be retried.
     answer = {"choices": [{"finish_reason": "stop", "index": 0, "message": {"role": "assistant", "content": "Hi"}}]}
     server.route(*CHAT, json_reply(answer))
 
     with pytest.raises(ProtocolError, match="not an event stream"):
-        client_for(server).chat_with_retry(REQ, lambda event: None)
+        client_kind.client_for(server).chat_with_retry(REQ, lambda event: None)
 
     assert len(server.requests) == 1
 
@@ -261,10 +270,12 @@ def props_answer(total_slots: int = 2) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("slot", [2, 7])
-def test_a_slot_outside_total_slots_is_refused_before_anything_is_sent(server: FakeServer, slot: int) -> None:
+def test_a_slot_outside_total_slots_is_refused_before_anything_is_sent(
+    server: FakeServer, slot: int, client_kind: Kind
+) -> None:
     # llama-server would wrap the id modulo its slot count and run the request on another slot.
     server.route(*CHAT, sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
     events: list[ChatEvent] = []
 
     with pytest.raises(RequestError, match=f"slot {slot} is outside the server's 2 slots"):
@@ -276,10 +287,10 @@ def test_a_slot_outside_total_slots_is_refused_before_anything_is_sent(server: F
     assert server.requests == []
 
 
-def test_without_expect_the_slot_count_comes_from_props_once(server: FakeServer) -> None:
+def test_without_expect_the_slot_count_comes_from_props_once(server: FakeServer, client_kind: Kind) -> None:
     server.route(*PROPS, json_reply(props_answer(total_slots=3)))
     server.route(*CHAT, sse_reply(ANSWER))
-    client = client_for(server, expect=False)
+    client = client_kind.client_for(server, expect=False)
 
     with pytest.raises(RequestError, match="slot 3 is outside the server's 3 slots"):
         client.chat(ChatRequest(slot=3, messages=REQ.messages), lambda event: None)
@@ -289,9 +300,9 @@ def test_without_expect_the_slot_count_comes_from_props_once(server: FakeServer)
     assert server.requests[1].json()["id_slot"] == 2
 
 
-def test_the_request_carries_what_the_brief_lists(server: FakeServer) -> None:
+def test_the_request_carries_what_the_brief_lists(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
     client.chat(ChatRequest(slot=1, messages=REQ.messages, thinking=True), lambda event: None)
 
     (request,) = server.requests
@@ -327,24 +338,24 @@ def test_the_request_carries_what_the_brief_lists(server: FakeServer) -> None:
 # -- size caps --------------------------------------------------------------------------------------
 
 
-def test_an_sse_line_over_its_cap_is_a_protocol_error(server: FakeServer) -> None:
+def test_an_sse_line_over_its_cap_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([ANSWER[1], chunk({"content": "x" * 2000}, n=2), *ANSWER[2:]]))
     events: list[ChatEvent] = []
 
     with pytest.raises(ProtocolError, match="over 1024 bytes"):
-        client_for(server, sse_line_bytes=1024).chat(REQ, events.append)
+        client_kind.client_for(server, sse_line_bytes=1024).chat(REQ, events.append)
 
     assert events == [Content("Paris")]
     (request,) = server.requests
     assert request.client_closed.wait(2.0)
 
 
-def test_a_response_head_over_its_cap_is_a_protocol_error(server: FakeServer) -> None:
+def test_a_response_head_over_its_cap_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
     headers = (("Content-Type", "text/event-stream"), ("X-Padding", "p" * 2000))
     server.route(*CHAT, sse_reply(ANSWER, headers=headers))
 
     with pytest.raises(ProtocolError, match="1024-byte limit"):
-        client_for(server, header_bytes=1024).chat(REQ, lambda event: None)
+        client_kind.client_for(server, header_bytes=1024).chat(REQ, lambda event: None)
 
 
 # -- the thinking cap -------------------------------------------------------------------------------
@@ -367,7 +378,9 @@ def control_route(server: FakeServer, events: list[ChatEvent], answer: Script) -
     return seen
 
 
-def test_runaway_thinking_is_capped_once_with_the_stream_id_and_completes(server: FakeServer) -> None:
+def test_runaway_thinking_is_capped_once_with_the_stream_id_and_completes(
+    server: FakeServer, client_kind: Kind
+) -> None:
     # Cap 8, overrun 4: two more reasoning tokens after reasoning_end, then the answer.
     stream = [
         chunk(ROLE, n=0, progress=(42, 0, 42)),
@@ -379,7 +392,7 @@ def test_runaway_thinking_is_capped_once_with_the_stream_id_and_completes(server
     events: list[ChatEvent] = []
     seen = control_route(server, events, json_reply({"success": True}))
 
-    completion = client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
+    completion = client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
 
     assert events == [
         Progress(42, 0, 42),
@@ -403,14 +416,16 @@ def test_runaway_thinking_is_capped_once_with_the_stream_id_and_completes(server
     )
 
 
-def test_reasoning_past_the_overrun_is_thinking_overrun_and_the_connection_is_closed(server: FakeServer) -> None:
+def test_reasoning_past_the_overrun_is_thinking_overrun_and_the_connection_is_closed(
+    server: FakeServer, client_kind: Kind
+) -> None:
     # The server keeps thinking and then holds the connection open: only the client can close it.
     server.route(*CHAT, sse_reply(reasoning(1, 30), done=False, end=End.SILENCE))
     events: list[ChatEvent] = []
     control_route(server, events, json_reply({"success": True}))
 
     with pytest.raises(ThinkingOverrun, match="reasoning went on to 13 tokens after reasoning_end was posted at 8"):
-        client_for(server, thinking_cap=8, thinking_overrun=4).chat_with_retry(REQ, events.append)
+        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat_with_retry(REQ, events.append)
 
     assert events == [
         *(Reasoning(f" t{n}") for n in range(1, 9)),
@@ -432,20 +447,24 @@ def test_reasoning_past_the_overrun_is_thinking_overrun_and_the_connection_is_cl
     ],
     ids=["no-active-completion", "not-enabled", "http-400", "no-success-field"],
 )
-def test_a_control_call_without_success_true_is_thinking_overrun(server: FakeServer, answer: Reply) -> None:
+def test_a_control_call_without_success_true_is_thinking_overrun(
+    server: FakeServer, answer: Reply, client_kind: Kind
+) -> None:
     server.route(*CHAT, sse_reply(reasoning(1, 30), done=False, end=End.SILENCE))
     events: list[ChatEvent] = []
     control_route(server, events, answer)
 
     with pytest.raises(ThinkingOverrun, match="reasoning_end posted at 8 reasoning tokens was not accepted"):
-        client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
+        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
 
     assert events == [Reasoning(f" t{n}") for n in range(1, 9)]
     (stream,) = recorded(server, CHAT)
     assert stream.client_closed.wait(2.0)
 
 
-def test_a_control_call_left_unanswered_is_thinking_overrun_within_the_liveness_limit(server: FakeServer) -> None:
+def test_a_control_call_left_unanswered_is_thinking_overrun_within_the_liveness_limit(
+    server: FakeServer, client_kind: Kind
+) -> None:
     # The stream is not read while the client waits for the control call, so it waits no longer
     # than liveness_ms (100 ms here), not a load wait.
     server.route(*CHAT, sse_reply(reasoning(1, 30), done=False, end=End.SILENCE))
@@ -454,7 +473,7 @@ def test_a_control_call_left_unanswered_is_thinking_overrun_within_the_liveness_
     started = time.monotonic()
 
     with pytest.raises(ThinkingOverrun, match="not accepted: Stalled: POST /v1/chat/completions/control"):
-        client_for(server, thinking_cap=8, thinking_overrun=4, load_wait_ms=200).chat(REQ, events.append)
+        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4, load_wait_ms=200).chat(REQ, events.append)
 
     assert time.monotonic() - started < 2.0
     assert events == [Reasoning(f" t{n}") for n in range(1, 9)]
@@ -462,10 +481,10 @@ def test_a_control_call_left_unanswered_is_thinking_overrun_within_the_liveness_
     assert control.client_closed.wait(2.0)
 
 
-def test_reasoning_under_the_cap_posts_no_control_call(server: FakeServer) -> None:
+def test_reasoning_under_the_cap_posts_no_control_call(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([*reasoning(1, 7), chunk({"content": "ok"}, n=8), chunk(finish="stop", n=8)]))
 
-    completion = client_for(server, thinking_cap=8).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, thinking_cap=8).chat(REQ, lambda event: None)
 
     assert (completion.reasoning_tokens, completion.thinking_capped) == (7, False)
     assert recorded(server, CONTROL) == []
@@ -537,10 +556,12 @@ class Callers:
             assert not thread.is_alive()
 
 
-def test_one_in_flight_and_8_queued_then_busy_at_once_and_queued_counts_down(server: FakeServer) -> None:
+def test_one_in_flight_and_8_queued_then_busy_at_once_and_queued_counts_down(
+    server: FakeServer, client_kind: Kind
+) -> None:
     # The first request fails (cut mid-stream); the eight behind it then run one by one.
     server.route(*CHAT, sse_reply(ANSWER[:2], done=False, end=End.RESET), sse_reply(ANSWER))
-    client = client_for(server, liveness_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200)
     callers = Callers(client)
 
     callers.start(1)
@@ -577,9 +598,9 @@ def client_gate_held(client: Client) -> bool:
     return gate.held(0) or gate.waiting(0) > 0
 
 
-def test_a_request_that_fails_releases_the_gate_for_the_next(server: FakeServer) -> None:
+def test_a_request_that_fails_releases_the_gate_for_the_next(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, TOO_LONG, sse_reply(ANSWER))
-    client = client_for(server)
+    client = client_kind.client_for(server)
 
     with pytest.raises(HttpError):
         client.chat(REQ, lambda event: None)
@@ -611,12 +632,14 @@ TOOL_STREAM = [
 ]
 
 
-def test_a_streamed_tool_call_assembles_into_the_completion(server: FakeServer) -> None:
+def test_a_streamed_tool_call_assembles_into_the_completion(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply(TOOL_STREAM))
     events: list[ChatEvent] = []
     tools = (ToolSchema("get_time", "The time in a city.", {"type": "object", "properties": {"city": {}}}),)
 
-    completion = client_for(server).chat(ChatRequest(slot=0, messages=REQ.messages, tools=tools), events.append)
+    completion = client_kind.client_for(server).chat(
+        ChatRequest(slot=0, messages=REQ.messages, tools=tools), events.append
+    )
 
     assert events == [
         Progress(180, 0, 180),
@@ -643,7 +666,7 @@ def _replayable(case: Case) -> bool:
 REPLAY_CASES = case_params(_replayable, none_reason="no replayable stream")
 
 
-def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRequest]:
+def _replay(kind: Kind, case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRequest]:
     """The client configured as the recorder's request was, and the request from `inputs.json`."""
     inputs = case.inputs
     assert inputs is not None
@@ -657,7 +680,7 @@ def _replay(case: Case, socket_path: str, **limits: int) -> tuple[Client, ChatRe
         }
     )
     req, _ = request_from(inputs)
-    return client_of(Container(config=config)), req
+    return kind.client_of(Container(config=config)), req
 
 
 def _expected_completion(case: Case) -> Completion:
@@ -696,11 +719,13 @@ def _expected_completion(case: Case) -> Completion:
 
 @pytest.mark.parametrize("name", REPLAY_CASES)
 @pytest.mark.parametrize("pieces", ["as recorded", "in 7-byte pieces"])
-def test_a_recorded_stream_replayed_completes_to_the_servers_non_stream_answer(name: str, pieces: str) -> None:
+def test_a_recorded_stream_replayed_completes_to_the_servers_non_stream_answer(
+    name: str, pieces: str, client_kind: Kind
+) -> None:
     case = load_case(name)
     reply = raw_reply(case.response_raw, piece_bytes=7 if pieces == "in 7-byte pieces" else None)
     with FakeServer({CHAT: reply}) as server:
-        client, req = _replay(case, server.socket_path)
+        client, req = _replay(client_kind, case, server.socket_path)
         events: list[ChatEvent] = []
         completion = client.chat(req, events.append)
         sent = server.requests[0].body
@@ -711,7 +736,7 @@ def test_a_recorded_stream_replayed_completes_to_the_servers_non_stream_answer(n
     assert orjson.loads(sent)["messages"] == orjson.loads(case.request)["messages"]
 
 
-def test_the_recorded_forced_end_to_reasoning_replays_with_the_same_control_call() -> None:
+def test_the_recorded_forced_end_to_reasoning_replays_with_the_same_control_call(client_kind: Kind) -> None:
     """The recorder posted reasoning_end once `predicted_n` reached a mark; a client capped there
     posts the same call after the same chunk and completes with `thinking_capped`."""
     if not (TRANSCRIPTS / "index.json").exists() or "reasoning_end" not in case_names():
@@ -721,7 +746,7 @@ def test_the_recorded_forced_end_to_reasoning_replays_with_the_same_control_call
     with FakeServer(
         {CHAT: raw_reply(case.response_raw), CONTROL: raw_reply(case.files["control_response.raw"])}
     ) as server:
-        client, req = _replay(case, server.socket_path, thinking_cap=mark)
+        client, req = _replay(client_kind, case, server.socket_path, thinking_cap=mark)
         events: list[ChatEvent] = []
         completion = client.chat(req, events.append)
         (posted,) = recorded(server, CONTROL)

@@ -18,9 +18,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama
 
-from client_support import CLIENT_KINDS
-from client_support import client_kind as building
-
 SKIP_VARIABLE = "INFERPATH_SKIP_DEVICE"
 
 
@@ -35,14 +32,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("device") is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-@pytest.fixture(params=CLIENT_KINDS)
-def client_kind(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Runs a test once over each client, as in the contract tier: `client_support.client_of`
-    builds the sync `Client`, then the `AsyncClient` behind `async_bridge.AsyncBridge`."""
-    with building(request.param) as kind:
-        yield kind
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from proxy import ProxyProcess
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
-from client_support import client_of
+from client_support import SYNC, Kind
 from domain.completion import Completion, FinishReason
 from domain.errors import HttpError
 from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, ThinkingCapped, Waiting
@@ -43,6 +43,7 @@ def make_client(
     limits: dict[str, Any] | None = None,
     retry: dict[str, Any] | None = None,
     model: str = llama.ALIAS,
+    kind: Kind = SYNC,
 ) -> Client:
     config = parse_config(
         {
@@ -53,7 +54,7 @@ def make_client(
             "sampling": SAMPLING,
         }
     )
-    return client_of(Container(config=config))
+    return kind.client_of(Container(config=config))
 
 
 def nonstream_answer(server: llama.LlamaServer, client: Client, req: ChatRequest) -> dict[str, Any]:
@@ -121,10 +122,12 @@ def test_prompt_over_the_slot_context_is_http_400_with_the_servers_message(tools
     assert json.loads(info.value.body)["error"]["type"] == "exceed_context_size_error"
 
 
-@pytest.mark.usefixtures("client_kind")
-def test_runaway_thinking_is_capped_and_the_answer_completes(thinking_proxy: ProxyProcess) -> None:
+def test_runaway_thinking_is_capped_and_the_answer_completes(thinking_proxy: ProxyProcess, client_kind: Kind) -> None:
     client = make_client(
-        thinking_proxy.socket_path, max_tokens=160, limits={"thinking_cap": 12, "thinking_overrun": 64}
+        thinking_proxy.socket_path,
+        max_tokens=160,
+        limits={"thinking_cap": 12, "thinking_overrun": 64},
+        kind=client_kind,
     )
     req = ChatRequest(slot=0, messages=[UserMessage(llama.LONG_STORY_PROMPT)], thinking=True)
     events: list[ChatEvent] = []
@@ -178,11 +181,10 @@ def test_a_second_request_on_a_busy_slot_waits_and_then_completes(thinking_proxy
     assert all(isinstance(e, Waiting) for e in events[:first_data])
 
 
-@pytest.mark.usefixtures("client_kind")
 def test_stream_survives_its_proxy_being_killed_mid_stream_and_restarted(
-    tools_server: llama.LlamaServer, tools_proxy: ProxyProcess
+    tools_server: llama.LlamaServer, tools_proxy: ProxyProcess, client_kind: Kind
 ) -> None:
-    client = make_client(tools_proxy.socket_path, max_tokens=40)
+    client = make_client(tools_proxy.socket_path, max_tokens=40, kind=client_kind)
     req = ChatRequest(slot=0, messages=QUESTION)
     events: list[ChatEvent] = []
     killed: list[bool] = []

@@ -3,9 +3,9 @@ when a read waits or the client sleeps, a `ScriptedTransport` replaying the fake
 and a `FakeSlotProbe` set by hand. Every wait is exact to the millisecond, and a ten-minute wait
 costs no real time.
 
-Every test runs twice, with the same expected times and events: over the sync `Client`, and over
-the `AsyncClient` (behind an `AsyncBridge`) on the awaited twins of the same fakes
-(`AsyncFakeClock` over the same `FakeClock`, `AsyncScriptedTransport`, `AsyncFakeSlotProbe`).
+Every test runs twice (`client_kind`), with the same expected times and events: over the sync
+`Client`, and over the `AsyncClient` (behind an `AsyncBridge`) on the awaited twins of the same
+fakes (`AsyncFakeClock` over the same `FakeClock`, `AsyncScriptedTransport`, `AsyncFakeSlotProbe`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ from adapters.fake_server import (
 from adapters.fake_server.script import RouteSpec
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
-from async_bridge import AsyncBridge
-from client_support import CHAT, CONTROL, EXPECT, overridden
+from client_support import CHAT, CONTROL, EXPECT, Kind, overridden
 from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
@@ -67,7 +66,7 @@ class ZeroJitter:
 
 @dataclass
 class Rig:
-    client: Client | AsyncBridge
+    client: Client
     clock: FakeClock
     transport: ScriptedTransport
     probe: FakeSlotProbe
@@ -78,11 +77,10 @@ class Rig:
         return self.client.chat_with_retry(REQ, sink) if retry else self.client.chat(REQ, sink)
 
 
-@pytest.fixture(params=["sync", "async"])
-def rig_for(request: pytest.FixtureRequest) -> Iterator[Callable[..., Rig]]:
+@pytest.fixture
+def rig_for(client_kind: Kind) -> Iterator[Callable[..., Rig]]:
     """Build a client from config (the brief's defaults unless given) on the in-memory fakes: the
     sync `Client` on the blocking fakes, or the `AsyncClient` on their awaited twins."""
-    flavour: str = request.param
 
     def build(
         routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None, **sections: Any
@@ -97,17 +95,17 @@ def rig_for(request: pytest.FixtureRequest) -> Iterator[Callable[..., Rig]]:
         clock = FakeClock()
         states = {REQ.slot: slot}
         header_bytes = config.limits.header_bytes
-        rng = rng or ZeroJitter()
-        if flavour == "async":
+        fakes: dict[str, Any]
+        if client_kind.is_async:
             transport: ScriptedTransport = AsyncScriptedTransport(clock, routes, header_bytes=header_bytes)
             probe: FakeSlotProbe = AsyncFakeSlotProbe(states)
             fakes = {"async_clock": AsyncFakeClock(clock), "async_transport": transport, "async_probe": probe}
-            container = make(config, rng=rng, **fakes)
-            return Rig(AsyncBridge(container.async_client()), clock, transport, probe, [])
-        transport = ScriptedTransport(clock, routes, header_bytes=header_bytes)
-        probe = FakeSlotProbe(states)
-        container = make(config, clock=clock, transport=transport, probe=probe, rng=rng)
-        return Rig(container.client(), clock, transport, probe, [])
+        else:
+            transport = ScriptedTransport(clock, routes, header_bytes=header_bytes)
+            probe = FakeSlotProbe(states)
+            fakes = {"clock": clock, "transport": transport, "probe": probe}
+        container = make(config, rng=rng or ZeroJitter(), **fakes)
+        return Rig(client_kind.client_of(container), clock, transport, probe, [])
 
     with overridden() as make:
         yield build
