@@ -55,6 +55,9 @@ UINT32_MAX = 2**32 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 # Each byte cap is memory one request may hold; past 1 GiB a cap no longer protects anything.
 MAX_CAP_BYTES = 1 << 30
+# Each tool call the model makes is one object kept until the answer is whole, even when its
+# deltas carry nothing; a model that makes more than this in one answer is broken or hostile.
+MAX_TOOL_CALLS = 65536
 # Each waiter is a caller thread blocked on one slot that serves one request at a time; a longer
 # queue is a flood that the gate should answer with Busy.
 MAX_QUEUE_PER_SLOT = 1024
@@ -146,6 +149,7 @@ class Limits(_Section):
     body_bytes: CapBytes = 4 * 1024 * 1024
     error_body_bytes: CapBytes = 4096
     answer_bytes: CapBytes = 16 * 1024 * 1024
+    tool_calls: Annotated[StrictInt, Field(gt=0, le=MAX_TOOL_CALLS)] = 128
     cache_loss_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 64
 
 

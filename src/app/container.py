@@ -50,6 +50,7 @@ def client_limits(config: Config) -> ClientLimits:
             answer_bytes=lim.answer_bytes,
             thinking_cap=lim.thinking_cap,
             thinking_overrun=lim.thinking_overrun,
+            tool_calls=lim.tool_calls,
         ),
     )
 

@@ -22,7 +22,13 @@ Invariants:
   tokens advance), or the final chunk. A role-only or empty delta, `{}`, `choices: []`, a repeated
   progress or an id alone advance nothing, exactly like a keep-alive comment.
 - The assembled answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes)
-  is capped at `max_answer_bytes`; past it, `ProtocolError`.
+  is capped at `max_answer_bytes`; past it, `ProtocolError`. At most `max_tool_calls` distinct
+  tool-call indexes are taken; one more is a `ProtocolError` (an index costs memory even when
+  its deltas carry no byte of answer).
+- Memory follows the answer's size, not the number of chunks: streamed text (content, reasoning,
+  each call's arguments) is kept as UTF-8 in one growing buffer each, never as an object per
+  delta, so the stream holds at most about `max_answer_bytes` of text (plus the buffers'
+  growth margin, an eighth) and `result` adds the `str`s of the `Completion`.
 - An error chunk (`{"error": ...}`) raises `HttpError(code, the chunk as JSON)`; a malformed
   chunk raises `ProtocolError`. After either, the assembler refuses further input.
 - `finished` turns true on the chunk with a `finish_reason`; `result` before that raises
@@ -48,12 +54,12 @@ _NOTHING: tuple[ChatEvent, ...] = ()
 class _Call:
     """One tool call being assembled."""
 
-    __slots__ = ("id", "name", "parts")
+    __slots__ = ("arguments", "id", "name")
 
     def __init__(self) -> None:
         self.id: str | None = None
         self.name: str | None = None
-        self.parts: list[str] = []
+        self.arguments = bytearray()  # UTF-8
 
 
 def _set_once(index: int, field: str, old: str | None, new: object) -> str | None:
@@ -77,8 +83,9 @@ class Assembler:
     """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning`, `advanced`
     and `finished` between chunks; they are plain attributes for speed, not to be assigned.
 
-    `max_answer_bytes` caps the assembled answer and `max_predicted` bounds the `predicted_n`
-    that still counts as progress (the request's `max_tokens`); `None` leaves either unbounded."""
+    `max_answer_bytes` caps the assembled answer, `max_tool_calls` the number of tool calls, and
+    `max_predicted` bounds the `predicted_n` that still counts as progress (the request's
+    `max_tokens`); `None` leaves any of them unbounded."""
 
     __slots__ = (
         "_answer_bytes",
@@ -88,6 +95,7 @@ class Assembler:
         "_failed",
         "_finish",
         "_max_answer",
+        "_max_calls",
         "_max_predicted",
         "_predicted",
         "_processed",
@@ -102,7 +110,13 @@ class Assembler:
         "reasoning_tokens",
     )
 
-    def __init__(self, *, max_answer_bytes: int | None = None, max_predicted: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_answer_bytes: int | None = None,
+        max_predicted: int | None = None,
+        max_tool_calls: int | None = None,
+    ) -> None:
         self.completion_id: str | None = None
         self.reasoning_tokens = 0
         self.in_reasoning = False
@@ -110,13 +124,14 @@ class Assembler:
         self.advanced = False
         self._max_answer = max_answer_bytes
         self._max_predicted = max_predicted
+        self._max_calls = max_tool_calls
         self._answer_bytes = 0
         self._reasoning_chunks = 0
         self._predicted = 0
         self._processed = -1
         self._progress_total: int | None = None
-        self._content: list[str] = []
-        self._reasoning: list[str] = []
+        self._content = bytearray()  # UTF-8, as are the two below
+        self._reasoning = bytearray()
         self._calls: dict[int, _Call] = {}
         self._timings: dict[str, Any] | None = None
         self._finish: FinishReason | None = None
@@ -190,10 +205,9 @@ class Assembler:
             if type(text) is not str:
                 raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
             if text:
-                self._grow(text)
+                self._append(self._reasoning, text)
                 self.in_reasoning = True
                 self.advanced = True
-                self._reasoning.append(text)
                 self._reasoning_chunks += 1
                 tokens = max(self.reasoning_tokens, self._reasoning_chunks)
                 if type(predicted) is int and predicted > tokens:
@@ -205,10 +219,9 @@ class Assembler:
             if type(text) is not str:
                 raise ProtocolError(f"content is a {type(text).__name__}, not a string")
             if text:
-                self._grow(text)
+                self._append(self._content, text)
                 self.in_reasoning = False
                 self.advanced = True
-                self._content.append(text)
                 events = (*events, Content(text))
         calls = delta.get("tool_calls")
         if calls:
@@ -231,12 +244,19 @@ class Assembler:
             self.advanced = True
         return event
 
+    def _append(self, into: bytearray, text: str) -> None:
+        """Charge `text` to the answer, then keep it (as UTF-8) at the end of `into`."""
+        raw = text.encode("utf-8")
+        self._charge(len(raw))
+        into += raw
+
     def _grow(self, text: str) -> None:
+        self._charge(len(text) if text.isascii() else len(text.encode("utf-8")))
+
+    def _charge(self, size: int) -> None:
+        self._answer_bytes += size
         limit = self._max_answer
-        if limit is None:
-            return
-        self._answer_bytes += len(text) if text.isascii() else len(text.encode("utf-8"))
-        if self._answer_bytes > limit:
+        if limit is not None and self._answer_bytes > limit:
             raise ProtocolError(
                 f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks"
             )
@@ -249,6 +269,11 @@ class Assembler:
                 raise ProtocolError(f"tool call delta has index {index!r}, not a non-negative integer")
             call = self._calls.get(index)
             if call is None:
+                if self._max_calls is not None and len(self._calls) >= self._max_calls:
+                    raise ProtocolError(
+                        f"the answer grew past the {self._max_calls}-tool-call limit (tool_calls)"
+                        f" with index {index} after {self._chunks} chunks"
+                    )
                 call = self._calls[index] = _Call()
             function = delta.get("function") or {}
             new_id = delta.get("id")
@@ -268,9 +293,8 @@ class Assembler:
             elif type(arguments) is not str:
                 raise ProtocolError(f"tool call {index}: arguments is a {type(arguments).__name__}")
             elif arguments:
-                self._grow(arguments)
+                self._append(call.arguments, arguments)
                 self.advanced = True
-                call.parts.append(arguments)
             out.append(ToolCallDelta(index, new_id or None, name or None, arguments))
         return out
 
@@ -301,11 +325,11 @@ class Assembler:
             call = self._calls[index]
             if call.name is None:
                 raise ProtocolError(f"tool call {index} never named its function")
-            calls.append(ToolCall(call.id or "", call.name, "".join(call.parts)))
+            calls.append(ToolCall(call.id or "", call.name, call.arguments.decode("utf-8")))
         return Completion(
             id=self.completion_id or "",
-            content="".join(self._content) if self._content else None,
-            reasoning_content="".join(self._reasoning) if self._reasoning else None,
+            content=self._content.decode("utf-8") if self._content else None,
+            reasoning_content=self._reasoning.decode("utf-8") if self._reasoning else None,
             tool_calls=tuple(calls),
             finish_reason=self._finish,
             timings=self.timings,

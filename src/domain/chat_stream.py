@@ -43,13 +43,15 @@ from domain.waiting import Liveness
 
 @dataclass(frozen=True, slots=True)
 class StreamLimits:
-    """What bounds one stream; every field is required (the defaults live in the config)."""
+    """What bounds one stream. The defaults live in the config: every field is required but
+    `tool_calls`, whose default (the config's) keeps limits written before it existed working."""
 
     liveness_ms: int
     sse_line_bytes: int
     answer_bytes: int
     thinking_cap: int
     thinking_overrun: int
+    tool_calls: int = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,9 @@ class ChatStream:
 
     def __init__(self, limits: StreamLimits, max_tokens: int, now: float) -> None:
         self._decoder = SseDecoder(max_line=limits.sse_line_bytes)
-        self._assembler = Assembler(max_answer_bytes=limits.answer_bytes, max_predicted=max_tokens)
+        self._assembler = Assembler(
+            max_answer_bytes=limits.answer_bytes, max_predicted=max_tokens, max_tool_calls=limits.tool_calls
+        )
         self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
         self._liveness = Liveness(limits.liveness_ms, now)
         self._over = False

@@ -50,6 +50,7 @@ def test_limits_defaults_are_the_briefs_field_by_field() -> None:
         "body_bytes": 4194304,
         "error_body_bytes": 4096,
         "answer_bytes": 16777216,
+        "tool_calls": 128,
         "cache_loss_tokens": 64,
     }
 
