@@ -17,7 +17,8 @@ Invariants:
   content or tool-call delta or the final chunk.
 - `advanced` says whether the last chunk fed moved the generation on (the liveness rule): new
   text in content or reasoning, a tool call's first name or an arguments piece, a
-  `prompt_progress` whose `processed` grew (up to the `total` its first one gave), a
+  `prompt_progress` whose `processed` grew (up to the `total` its first one gave, and never past
+  `max_prompt_tokens`, a bound the client knows: a server's `total` alone could be 2**62), a
   `timings.predicted_n` that grew (up to `max_predicted`: the server can hold text back while
   tokens advance), or the final chunk. A role-only or empty delta, `{}`, `choices: []`, a repeated
   progress or an id alone advance nothing, exactly like a keep-alive comment.
@@ -27,8 +28,7 @@ Invariants:
   its deltas carry no byte of answer).
 - Memory follows the answer's size, not the number of chunks: streamed text (content, reasoning,
   each call's arguments) is kept as UTF-8 in one growing buffer each, never as an object per
-  delta, so the stream holds at most about `max_answer_bytes` of text (plus the buffers'
-  growth margin, an eighth) and `result` adds the `str`s of the `Completion`.
+  delta: at most about `max_answer_bytes` (and an eighth), plus the `Completion`'s `str`s.
 - An error chunk (`{"error": ...}`) raises `HttpError(code, the chunk as JSON)`; a malformed
   chunk raises `ProtocolError`. After either, the assembler refuses further input.
 - `finished` turns true on the chunk with a `finish_reason`; `result` before that raises
@@ -83,9 +83,10 @@ class Assembler:
     """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning`, `advanced`
     and `finished` between chunks; they are plain attributes for speed, not to be assigned.
 
-    `max_answer_bytes` caps the assembled answer, `max_tool_calls` the number of tool calls, and
+    `max_answer_bytes` caps the assembled answer, `max_tool_calls` the number of tool calls;
     `max_predicted` bounds the `predicted_n` that still counts as progress (the request's
-    `max_tokens`); `None` leaves any of them unbounded."""
+    `max_tokens`), `max_prompt_tokens` the `processed` of `prompt_progress` (see
+    `domain.chat_stream.prompt_token_bound`). `None` leaves any of them unbounded."""
 
     __slots__ = (
         "_answer_bytes",
@@ -97,6 +98,7 @@ class Assembler:
         "_max_answer",
         "_max_calls",
         "_max_predicted",
+        "_max_prompt",
         "_predicted",
         "_processed",
         "_progress_total",
@@ -116,6 +118,7 @@ class Assembler:
         max_answer_bytes: int | None = None,
         max_predicted: int | None = None,
         max_tool_calls: int | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self.completion_id: str | None = None
         self.reasoning_tokens = 0
@@ -125,6 +128,7 @@ class Assembler:
         self._max_answer = max_answer_bytes
         self._max_predicted = max_predicted
         self._max_calls = max_tool_calls
+        self._max_prompt = max_prompt_tokens
         self._answer_bytes = 0
         self._reasoning_chunks = 0
         self._predicted = 0
@@ -235,10 +239,11 @@ class Assembler:
             _int_field(progress, "cache", "prompt_progress"),
             _int_field(progress, "processed", "prompt_progress"),
         )
-        # Only growth up to the total the first report gave counts, so a server cannot keep a
-        # call alive by repeating (or endlessly inflating) its progress.
+        # Only growth up to the total the first report gave, and within the client's own bound,
+        # counts: a server cannot keep a call alive by repeating or inflating its progress.
         if self._progress_total is None:
-            self._progress_total = event.total
+            bound = self._max_prompt
+            self._progress_total = event.total if bound is None else min(event.total, bound)
         if self._processed < event.processed <= self._progress_total:
             self._processed = event.processed
             self.advanced = True

@@ -3,7 +3,8 @@
 The caller owns the I/O, as with h11. A blocking loop, a generator and an async loop all drive
 it the same way:
 
-    stream = ChatStream(limits, max_tokens, now)          # when the response head arrived
+    stream = ChatStream(limits, max_tokens, now,          # when the response head arrived
+                        max_prompt_tokens=prompt_token_bound(len(body), n_ctx))
     while True:
         data = read(timeout=stream.timeout(now))
         if data timed out: stream.silence(now); continue   # raises Stalled at the limit
@@ -25,12 +26,16 @@ Invariants:
   a `PostReasoningEnd` step, so the control call is made right after the chunk that reached the
   cap and before the next chunk is handed out.
 - After a `Completion` or an error the stream is over: feeding it again is a `ProtocolError`.
+- Progress is bounded by numbers the client knows, never by the server's word alone: the
+  `predicted_n` that counts is at most `max_tokens` (what the request asked for), and the
+  `prompt_progress` that counts is at most `max_prompt_tokens` (`prompt_token_bound`), so a
+  server reporting a prompt of 2**62 tokens cannot keep a call alive for as long as it likes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 from domain.assembler import Assembler
 from domain.completion import Completion
@@ -39,6 +44,34 @@ from domain.events import ChatEvent, ThinkingCapped
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.thinking import Action, ThinkingCap
 from domain.waiting import Liveness
+
+# The tokens a chat template may add of its own to the caller's text: role markers, the
+# preamble that introduces the tools, a thinking block's tags. Templates add a few hundred.
+PROMPT_TEMPLATE_TOKENS: Final = 4096
+# Tokens per byte of the request body, at most (see `prompt_token_bound`).
+PROMPT_TOKENS_PER_BODY_BYTE: Final = 2
+
+
+def prompt_token_bound(body_len: int, n_ctx: int | None) -> int:
+    """The most tokens the prompt of a request whose body is `body_len` bytes can have, on a slot
+    of `n_ctx` tokens (`None` when unknown): what `ChatStream`'s `max_prompt_tokens` should be.
+
+    A prompt cannot have more tokens than the slot's context: llama-server refuses a longer one,
+    so with `n_ctx` known it is the bound. Without it, the bound comes from the body: each token
+    of the rendered prompt stands for at least one byte of its text (a tokenizer falls back to
+    single bytes, never to less), apart from the template's special tokens. That text is the
+    body's text with its JSON quoting removed, which never makes it longer, except where the
+    template renders JSON again (tool schemas, tool-call arguments), with at most a space after
+    each separator: less than twice the bytes. Hence `PROMPT_TOKENS_PER_BODY_BYTE` tokens a body
+    byte, plus `PROMPT_TEMPLATE_TOKENS` for the template's own text.
+    """
+    if body_len < 0:
+        raise ValueError(f"body_len must not be negative, got {body_len}")
+    if n_ctx is not None:
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+        return n_ctx
+    return PROMPT_TOKENS_PER_BODY_BYTE * body_len + PROMPT_TEMPLATE_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +99,22 @@ Step: TypeAlias = ChatEvent | PostReasoningEnd | Completion | InferError
 
 
 class ChatStream:
+    """One stream, from the response head on. `max_tokens` is the request's; `max_prompt_tokens`
+    bounds the prompt progress that counts as advancing, and the client passes
+    `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
+    progress report is the only bound."""
+
     __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over")
 
-    def __init__(self, limits: StreamLimits, max_tokens: int, now: float) -> None:
+    def __init__(
+        self, limits: StreamLimits, max_tokens: int, now: float, *, max_prompt_tokens: int | None = None
+    ) -> None:
         self._decoder = SseDecoder(max_line=limits.sse_line_bytes)
         self._assembler = Assembler(
-            max_answer_bytes=limits.answer_bytes, max_predicted=max_tokens, max_tool_calls=limits.tool_calls
+            max_answer_bytes=limits.answer_bytes,
+            max_predicted=max_tokens,
+            max_tool_calls=limits.tool_calls,
+            max_prompt_tokens=max_prompt_tokens,
         )
         self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
         self._liveness = Liveness(limits.liveness_ms, now)
