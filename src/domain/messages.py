@@ -55,7 +55,9 @@ ChatMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
 @dataclass(frozen=True, slots=True)
 class ToolSchema:
-    """A function the model may call; `parameters` is a JSON Schema object."""
+    """A function the model may call; `parameters` is a JSON Schema object, held (as is
+    `ChatRequest.response_format`) to the rule of `domain.json_check`: string keys, JSON values,
+    finite numbers, bounded depth and size."""
 
     name: str
     description: str

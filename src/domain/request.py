@@ -8,7 +8,10 @@ Invariants:
   a `RequestError` naming the problem: the server wraps an out-of-range `id_slot` modulo its slot
   count and treats an unknown `tool_choice` as "auto", silently.
 - Caller data (message text, tool schemas, tool-call arguments) is passed through unchanged:
-  `parameters` keeps the caller's key order, `arguments` stays the raw JSON text.
+  `parameters` keeps the caller's key order, `arguments` stays the raw JSON text. Every JSON tree
+  the caller hands in (each tool's `parameters`, `response_format`) is held to the one rule of
+  `domain.json_check` (string keys, JSON types, valid text, finite numbers, bounded depth and
+  size), so nothing is coerced on the way out: a bad tree is a `RequestError` naming its path.
 
 Pinned where the brief is silent: `tools` and `tool_choice` are sent only when there is at least
 one tool (the template renders no tool section either way, and `tool_choice: "required"` with no
@@ -28,7 +31,7 @@ Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_for
   does not know is an error there, but a missing or non-string `type`, a `json_schema` without a
   `schema` object, or a `schema` that is not an object all quietly become "any JSON" or "no
   constraint". Everything else is sent exactly as given, key order kept: the grammar follows the
-  schema's property order. At most `MAX_FORMAT_DEPTH` levels of nesting, string keys only.
+  schema's property order.
 - With tools, `response_format` wins: the answer is held to the schema and no tool can be called.
   `tool_choice: "required"` with a `response_format` asks for both and is refused.
 """
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from domain.errors import RequestError
+from domain.json_check import MAX_JSON_DEPTH, json_tree, valid_text
+from domain.json_check import quote as _quote
 from domain.messages import (
     TOOL_CHOICES,
     AssistantMessage,
@@ -70,14 +74,8 @@ SAMPLING_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "s
 MAX_STOP = 16
 # The `type`s llama-server knows; "text" means no constraint.
 RESPONSE_FORMAT_TYPES: tuple[str, ...] = ("json_schema", "json_object", "text")
-# A JSON Schema a model can follow is a few levels deep; the cap also stops a cycle.
-MAX_FORMAT_DEPTH = 64
-
-# Bad values are quoted in messages; a huge one is shortened, never printed whole.
-_quote = reprlib.Repr()
-_quote.maxstring = 60
-_quote.maxlong = 40
-_quote.maxother = 60
+# How deep a `response_format` may nest: the depth every caller JSON tree is held to.
+MAX_FORMAT_DEPTH = MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +151,7 @@ def _tool(tool: object, index: int) -> dict[str, Any]:
         "function": {
             "name": _text(tool.name, f"{where}.name"),
             "description": _text(tool.description, f"{where}.description"),
-            "parameters": tool.parameters,
+            "parameters": json_tree(tool.parameters, f"{where}.parameters"),
         },
     }
 
@@ -214,14 +212,6 @@ def _sampling(override: object, settings: RequestSettings) -> dict[str, Any]:
     return out
 
 
-def _valid_text(text: str, where: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{where} holds text that is not valid Unicode ({exc.reason})") from exc
-    return text
-
-
 def _stop(stop: object) -> list[str]:
     if not isinstance(stop, tuple | list):
         raise RequestError(f"stop must be a tuple or list of strings, not {type(stop).__name__}")
@@ -232,33 +222,8 @@ def _stop(stop: object) -> list[str]:
         where = f"stop[{index}]"
         if not isinstance(text, str) or not text:
             raise RequestError(f"{where} must be a non-empty string, not {_quote.repr(text)}")
-        out.append(_valid_text(text, where))
+        out.append(valid_text(text, where))
     return out
-
-
-def _json_tree(value: object, where: str, depth: int = 0) -> Any:
-    """`value` as plain JSON (mappings as dicts in their own key order), or `RequestError`
-    naming the first part that is not JSON, or that lies past `MAX_FORMAT_DEPTH`."""
-    if isinstance(value, str):
-        return _valid_text(value, where)
-    if value is None or isinstance(value, bool | int):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise RequestError(f"{where} must be a finite number, not {value!r}")
-        return value
-    if depth >= MAX_FORMAT_DEPTH:
-        raise RequestError(f"response_format is nested more than {MAX_FORMAT_DEPTH} levels deep (at {where})")
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise RequestError(f"{where} has a key that is not a string: {_quote.repr(key)}")
-            out[_valid_text(key, f"{where} key")] = _json_tree(item, f"{where}.{key}", depth + 1)
-        return out
-    if isinstance(value, list | tuple):
-        return [_json_tree(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
-    raise RequestError(f"{where} is a {type(value).__name__}, not a JSON value")
 
 
 def _schema_object(container: Mapping[str, Any], where: str, *, required: bool) -> None:
@@ -288,7 +253,7 @@ def _response_format(value: object) -> dict[str, Any] | None:
         _schema_object(wrapper, f"{where}.json_schema", required=True)
     elif kind == "json_object":
         _schema_object(value, where, required=False)
-    tree: dict[str, Any] = _json_tree(value, where)
+    tree: dict[str, Any] = json_tree(value, where)
     return tree
 
 

@@ -230,7 +230,7 @@ def test_lone_surrogate_is_refused_not_sent_mangled() -> None:
 
 def test_nan_in_a_tool_schema_is_refused() -> None:
     tool = ToolSchema(name="f", description="d", parameters={"x": float("nan")})
-    with pytest.raises(RequestError, match="cannot be rendered as JSON"):
+    with pytest.raises(RequestError, match=r"^tools\[0\]\.parameters\.x must be a finite number, not nan$"):
         build_chat_body(ChatRequest(slot=0, messages=[UserMessage("u")], tools=[tool]), SETTINGS, total_slots=1)
 
 
@@ -389,7 +389,9 @@ def test_parameters_nested_too_deeply_are_refused_not_crashed_on() -> None:
     for _ in range(100_000):
         nested = {"a": nested}
     req = with_tools(ToolSchema(name="f", description="d", parameters=nested))
-    assert refusal(req) == "the request is nested too deeply to render as JSON"
+    assert refusal(req) == (
+        "tools[0].parameters is nested more than 64 levels deep (at tools[0].parameters" + ".a" * 64 + ")"
+    )
 
 
 def sampled(sampling: Sampling) -> bytes:
