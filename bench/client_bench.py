@@ -29,15 +29,27 @@ import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from common import SRC, StackResult, Stream, data_events, fake_server, interleaved, recorded_stream, report, rounds_for
+from common import (
+    SRC,
+    StackResult,
+    Stream,
+    chunked_response,
+    data_events,
+    fake_server,
+    interleaved,
+    recorded_stream,
+    report,
+    rounds_for,
+)
 
 sys.path.insert(0, str(SRC))
 
+from adapters.fake_server import CHUNK_CREATED, CHUNK_ID, ROLE, chunk_timings, sse_event
+from adapters.fake_server import chunk as stream_chunk
 from app.config import parse_config
 from app.container import Container
 from domain.completion import Completion
@@ -75,47 +87,24 @@ def synthetic_stream(events: int = 604) -> Stream:
     two progress chunks, a role-only chunk sharing its HTTP chunk with the first delta, half the
     tokens reasoning and half content (one delta per chunk, each with timings), the finish chunk
     and `[DONE]`; chunked framing, one HTTP chunk per event."""
-    base = {
-        "created": 1796010845,
-        "id": "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y",
-        "model": MODEL,
-        "system_fingerprint": "b0-unknown",
-        "object": "chat.completion.chunk",
-    }
-    role = {"role": "assistant", "content": None}
-
-    def timings(n: int) -> dict[str, object]:
-        return {
-            "cache_n": 0,
-            "prompt_n": 42,
-            "prompt_ms": 124.437,
-            "prompt_per_token_ms": 2.9627857142857144,
-            "prompt_per_second": 337.52019093999377,
-            "predicted_n": n,
-            "predicted_ms": 7.3446 * n,
-            "predicted_per_token_ms": 7.3446,
-            "predicted_per_second": 136.15445361217766,
-        }
+    this = partial(stream_chunk, cid=CHUNK_ID, created=CHUNK_CREATED, model=MODEL, fingerprint="b0-unknown")
 
     def event(
-        delta: Mapping[str, object],
+        delta: Mapping[str, object] | None = None,
         *,
         finish: str | None = None,
         n: int | None = None,
-        progress: dict[str, int] | None = None,
+        progress: tuple[int, int, int] | None = None,
+        progress_ms: int = 0,
     ) -> bytes:
-        chunk: dict[str, object] = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], **base}
-        if n is not None:
-            chunk["timings"] = timings(n)
-        if progress is not None:
-            chunk["prompt_progress"] = progress
-        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+        timings = None if n is None else chunk_timings(n, prompt_ms=124.437, token_ms=7.3446, rates=True)
+        return sse_event(this(delta, finish=finish, timings=timings, progress=progress, progress_ms=progress_ms))
 
     tokens = events - 4  # two progress chunks, the role-only chunk and the finish chunk
     thinking = tokens // 2
     chunks = [
-        event(role, n=0, progress={"total": 42, "cache": 0, "processed": 0, "time_ms": 0}),
-        event(role, n=0, progress={"total": 42, "cache": 0, "processed": 42, "time_ms": 124}),
+        event(ROLE, n=0, progress=(42, 0, 0), progress_ms=0),
+        event(ROLE, n=0, progress=(42, 0, 42), progress_ms=124),
     ]
     first = True
     for n in range(1, tokens + 1):
@@ -123,7 +112,7 @@ def synthetic_stream(events: int = 604) -> Stream:
         delta = {"reasoning_content": word} if n <= thinking else {"content": word}
         piece = event(delta, n=n)
         if first:
-            piece = event(role) + piece
+            piece = event(ROLE) + piece
             first = False
         chunks.append(piece)
     chunks.append(event({}, finish="stop", n=tokens))
@@ -132,8 +121,7 @@ def synthetic_stream(events: int = 604) -> Stream:
         b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nAccess-Control-Allow-Origin: \r\nX-Accel-Buffering: no\r\n"
         b"Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     )
-    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
-    raw = head + body
+    raw = chunked_response(head, chunks)
     return Stream(f"synthetic ({events} events)", raw, data_events(raw))
 
 

@@ -69,6 +69,12 @@ class Stream:
     events: int
 
 
+def chunked_response(head: bytes, pieces: list[bytes]) -> bytes:
+    """`head` and a chunked body of one HTTP chunk per piece (as llama-server writes one event per
+    chunk), then the last chunk: a raw response for `fake_server`."""
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
 def data_events(raw: bytes) -> int:
     """The `data:` events of a raw SSE response, `[DONE]` not counted."""
     return raw.count(b"data: ") - raw.count(b"data: [DONE]")

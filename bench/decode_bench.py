@@ -22,13 +22,24 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
-import orjson
-
-from common import SRC, StackResult, Stream, fake_server, interleaved, recorded_stream, report, rounds_for
+from common import (
+    SRC,
+    StackResult,
+    Stream,
+    chunked_response,
+    fake_server,
+    interleaved,
+    recorded_stream,
+    report,
+    rounds_for,
+)
 
 sys.path.insert(0, str(SRC))
 
+from adapters.fake_server import ROLE, chunk, chunk_timings, sse_event
 from adapters.uds_http.transport import UdsTransport
 from app.config import Limits
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
@@ -48,48 +59,22 @@ TIMEOUT_S = 10.0
 def synthetic_stream(events: int = 604) -> Stream:
     """Chunks shaped like llama-server's with per-token timings on: a role chunk, content
     deltas, a finish chunk, `[DONE]`; one chunk per event, chunked framing."""
-    base = {
-        "created": 1758100000,
-        "id": "chatcmpl-" + "Q7x2" * 8,
-        "model": "test-model",
-        "system_fingerprint": "b11434-5f2a9c1e",
-        "object": "chat.completion.chunk",
-    }
+    this = partial(chunk, cid="chatcmpl-" + "Q7x2" * 8, created=1758100000, fingerprint="b11434-5f2a9c1e")
 
-    def chunk(delta: dict[str, object], n: int, finish: str | None = None) -> bytes:
-        body = {
-            "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
-            **base,
-            "timings": {
-                "cache_n": 12,
-                "prompt_n": 31,
-                "prompt_ms": 104.512,
-                "prompt_per_token_ms": 3.371,
-                "prompt_per_second": 296.62,
-                "predicted_n": n,
-                "predicted_ms": 7.125 * n,
-                "predicted_per_token_ms": 7.125,
-                "predicted_per_second": 140.35,
-            },
-        }
-        return b"data: " + orjson.dumps(body) + b"\n\n"
+    def timings(n: int) -> dict[str, Any]:
+        """After `n` tokens, the rates written to 3 and 2 places (ms, per second)."""
+        full = chunk_timings(n, cache_n=12, prompt_n=31, prompt_ms=104.512, token_ms=7.125, rates=True)
+        return {key: round(value, 2 if key.endswith("_per_second") else 3) for key, value in full.items()}
 
-    payloads = [
-        b"data: "
-        + orjson.dumps(
-            {"choices": [{"finish_reason": None, "index": 0, "delta": {"role": "assistant", "content": None}}], **base}
-        )
-        + b"\n\n"
-    ]
-    payloads += [chunk({"content": f" word{n}"}, n) for n in range(1, events - 1)]
-    payloads.append(chunk({}, events - 1, "stop"))
+    payloads = [sse_event(this(ROLE))]
+    payloads += [sse_event(this({"content": f" word{n}"}, timings=timings(n))) for n in range(1, events - 1)]
+    payloads.append(sse_event(this(finish="stop", timings=timings(events - 1))))
     payloads.append(b"data: [DONE]\n\n")
     head = (
         b"HTTP/1.1 200 OK\r\nAccess-Control-Allow-Origin: \r\nContent-Type: text/event-stream\r\n"
         b"Keep-Alive: timeout=5, max=100\r\nServer: llama.cpp\r\nTransfer-Encoding: chunked\r\n\r\n"
     )
-    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
-    return Stream(f"synthetic ({events} events)", head + body, events)
+    return Stream(f"synthetic ({events} events)", chunked_response(head, payloads), events)
 
 
 # ---------------------------------------------------------------------------------------------

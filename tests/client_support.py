@@ -1,5 +1,6 @@
 """What the client tests share: the routes they script, a client configured with short limits,
-a llama-server stream chunk and the short answer most of them stream.
+and the short answer most of them stream (its chunks built by `adapters.fake_server.chunk`, which
+is `chunk` here too).
 
     from client_support import ANSWER, CHAT, REQ, Kind   # with tests/ on sys.path
 
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-from adapters.fake_server import AsyncFakeClock, FakeClock, FakeServer, RecordedRequest
+from adapters.fake_server import CHUNK_ID, ROLE, AsyncFakeClock, FakeClock, FakeServer, RecordedRequest, chunk
 from adapters.system import AsyncSystemClock, SystemClock
 from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.client import Client
@@ -39,7 +40,7 @@ CHAT = ("POST", "/v1/chat/completions")
 CONTROL = ("POST", "/v1/chat/completions/control")
 SLOTS = ("GET", "/slots")
 PROPS = ("GET", "/props")
-CID = "chatcmpl-e52Fn0Tt6dIR9JxXjCGDYjcBiSKXIs7Y"
+CID = CHUNK_ID
 REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"),))
 EXPECT = {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2}
 LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_ms": 150, "liveness_ms": 100}
@@ -128,39 +129,6 @@ def recorded(server: FakeServer, route: tuple[str, str]) -> list[RecordedRequest
     return [r for r in server.requests if (r.method, r.path) == route]
 
 
-def chunk(
-    delta: dict[str, Any] | None = None,
-    *,
-    finish: str | None = None,
-    n: int | None = None,
-    progress: tuple[int, int, int] | None = None,
-    cid: str = CID,
-    cache_n: int = 0,
-    prompt_n: int = 42,
-) -> dict[str, Any]:
-    """A llama-server chunk: `n` is `timings.predicted_n`, `progress` is (total, cache, processed)."""
-    out: dict[str, Any] = {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
-        "created": 1796010845,
-        "id": cid,
-        "model": "test-model",
-        "object": "chat.completion.chunk",
-    }
-    if n is not None:
-        out["timings"] = {
-            "cache_n": cache_n,
-            "prompt_n": prompt_n,
-            "prompt_ms": 124.4,
-            "predicted_n": n,
-            "predicted_ms": 7.3 * n,
-        }
-    if progress is not None:
-        total, cache, processed = progress
-        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
-    return out
-
-
-ROLE = {"role": "assistant", "content": None}
 ANSWER = [
     chunk(ROLE, n=0, progress=(42, 0, 42)),
     chunk({"content": "Paris"}, n=1),

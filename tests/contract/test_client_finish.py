@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from adapters.fake_server import End, FakeServer, sse_reply
+from adapters.fake_server import chunk as stream_chunk
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
@@ -20,13 +23,7 @@ CID = "chatcmpl-finishtestfinishtestfinishtest00"
 REQ = ChatRequest(slot=0, messages=[UserMessage("Hi")])
 
 
-def chunk(delta: dict[str, object], finish: str | None = None, n: int = 1) -> dict[str, object]:
-    return {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
-        "id": CID,
-        "object": "chat.completion.chunk",
-        "timings": {"cache_n": 0, "prompt_n": 3, "predicted_n": n},
-    }
+chunk = partial(stream_chunk, cid=CID, prompt_n=3)  # this stream has its own id and prompt
 
 
 def client_for(kind: Kind, server: FakeServer) -> Client:
@@ -52,7 +49,7 @@ def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_li
     server.route(
         "POST",
         "/v1/chat/completions",
-        sse_reply([chunk({"content": "Hello"}), chunk({}, finish="stop", n=1)], done=False, end=End.SILENCE),
+        sse_reply([chunk({"content": "Hello"}, n=1), chunk({}, finish="stop", n=1)], done=False, end=End.SILENCE),
     )
     events: list[ChatEvent] = []
     completion = client_for(client_kind, server).chat(REQ, events.append)
@@ -61,7 +58,9 @@ def test_final_chunk_then_silence_returns_the_whole_answer_after_the_liveness_li
 
 
 def test_silence_before_the_final_chunk_is_still_stalled(server: FakeServer, client_kind: Kind) -> None:
-    server.route("POST", "/v1/chat/completions", sse_reply([chunk({"content": "Hel"})], done=False, end=End.SILENCE))
+    server.route(
+        "POST", "/v1/chat/completions", sse_reply([chunk({"content": "Hel"}, n=1)], done=False, end=End.SILENCE)
+    )
     events: list[ChatEvent] = []
     with pytest.raises(Stalled):
         client_for(client_kind, server).chat(REQ, events.append)

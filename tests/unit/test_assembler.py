@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import orjson
 import pytest
 
+from adapters.fake_server import ROLE
+from adapters.fake_server import chunk as stream_chunk
 from domain.assembler import Assembler
 from domain.completion import FinishReason, Timings
 from domain.errors import HttpError, ProtocolError, StreamClosedEarly
@@ -17,35 +20,7 @@ from domain.messages import ToolCall
 CID = "chatcmpl-0123456789abcdef0123456789abcdef"
 
 
-def chunk(
-    delta: dict[str, Any] | None = None,
-    finish: str | None = None,
-    timings: tuple[int, int, int] | None = None,
-    progress: tuple[int, int, int] | None = None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "choices": [{"index": 0, "delta": {} if delta is None else delta, "finish_reason": finish}],
-        "id": CID,
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "test-model",
-    }
-    if timings is not None:
-        cache_n, prompt_n, predicted_n = timings
-        out["timings"] = {
-            "cache_n": cache_n,
-            "prompt_n": prompt_n,
-            "predicted_n": predicted_n,
-            "prompt_ms": 1.0,
-            "predicted_per_second": 100.0,
-        }
-    if progress is not None:
-        total, cache, processed = progress
-        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": 3}
-    return out
-
-
-ROLE = {"role": "assistant", "content": None}
+chunk = partial(stream_chunk, cid=CID)
 
 
 def feed_all(asm: Assembler, chunks: list[dict[str, Any]]) -> list[Any]:
@@ -61,9 +36,9 @@ def test_plain_answer_gives_content_events_and_completion() -> None:
         asm,
         [
             chunk(ROLE, progress=(20, 0, 20)),
-            chunk({"content": "Hel"}, timings=(0, 20, 1)),
-            chunk({"content": "lo"}, timings=(0, 20, 2)),
-            chunk({}, finish="stop", timings=(0, 20, 3)),
+            chunk({"content": "Hel"}, n=1, prompt_n=20),
+            chunk({"content": "lo"}, n=2, prompt_n=20),
+            chunk({}, finish="stop", n=3, prompt_n=20),
         ],
     )
     assert events == [Progress(20, 0, 20), Content("Hel"), Content("lo")]
@@ -82,14 +57,14 @@ def test_plain_answer_gives_content_events_and_completion() -> None:
 
 def test_thinking_then_answer_counts_reasoning_tokens_from_predicted_n() -> None:
     asm = Assembler()
-    assert asm.feed(chunk({"reasoning_content": "Let"}, timings=(0, 9, 1))) == (Reasoning("Let"),)
+    assert asm.feed(chunk({"reasoning_content": "Let"}, n=1, prompt_n=9)) == (Reasoning("Let"),)
     assert asm.in_reasoning and asm.reasoning_tokens == 1
-    asm.feed(chunk({"reasoning_content": " me"}, timings=(0, 9, 3)))
+    asm.feed(chunk({"reasoning_content": " me"}, n=3, prompt_n=9))
     assert asm.reasoning_tokens == 3
-    assert asm.feed(chunk({"content": "Hi"}, timings=(0, 9, 5))) == (Content("Hi"),)
+    assert asm.feed(chunk({"content": "Hi"}, n=5, prompt_n=9)) == (Content("Hi"),)
     # Content tokens are generated after the thinking block: they do not count as reasoning.
     assert not asm.in_reasoning and asm.reasoning_tokens == 3
-    asm.feed(chunk({}, finish="stop", timings=(0, 9, 6)))
+    asm.feed(chunk({}, finish="stop", n=6, prompt_n=9))
     done = asm.result(True)
     assert done.reasoning_content == "Let me"
     assert done.content == "Hi"
@@ -115,10 +90,10 @@ def test_streamed_tool_call_merges_by_index() -> None:
         asm,
         [
             chunk(ROLE),
-            chunk(first, timings=(0, 50, 1)),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Oslo"'}}]}, timings=(0, 50, 2)),
-            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, timings=(0, 50, 3)),
-            chunk({}, finish="tool_calls", timings=(0, 50, 3)),
+            chunk(first, n=1, prompt_n=50),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Oslo"'}}]}, n=2, prompt_n=50),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, n=3, prompt_n=50),
+            chunk({}, finish="tool_calls", n=3, prompt_n=50),
         ],
     )
     assert events == [
@@ -192,8 +167,8 @@ def test_progress_rides_with_a_role_only_delta() -> None:
 
 def test_usage_chunk_with_empty_choices_is_accepted_and_keeps_timings() -> None:
     asm = Assembler()
-    asm.feed(chunk({"content": "a"}, timings=(1, 2, 1)))
-    asm.feed(chunk({}, finish="stop", timings=(1, 2, 2)))
+    asm.feed(chunk({"content": "a"}, n=1, cache_n=1, prompt_n=2))
+    asm.feed(chunk({}, finish="stop", n=2, cache_n=1, prompt_n=2))
     assert (
         asm.feed(
             {
@@ -210,8 +185,8 @@ def test_usage_chunk_with_empty_choices_is_accepted_and_keeps_timings() -> None:
 
 def test_latest_timings_win() -> None:
     asm = Assembler()
-    asm.feed(chunk({"content": "a"}, timings=(5, 6, 1)))
-    asm.feed(chunk({"content": "b"}, timings=(5, 6, 2)))
+    asm.feed(chunk({"content": "a"}, n=1, cache_n=5, prompt_n=6))
+    asm.feed(chunk({"content": "b"}, n=2, cache_n=5, prompt_n=6))
     asm.feed(chunk({}, finish="stop"))  # no timings on this one: the latest stays
     assert asm.result().timings == Timings(5, 6, 2)
 
@@ -289,7 +264,7 @@ def test_after_an_error_the_assembler_refuses_more_input_and_a_result() -> None:
         ({"choices": "nope"}, "choices is a str, not a list"),
         ({"choices": [{"delta": "x"}]}, "malformed chunk 1"),
         ({"prompt_progress": {"total": "x"}}, r"prompt_progress\.total is 'x'"),
-        (chunk({"reasoning_content": "a"}, timings=(0, 0, 0)) | {"timings": {"predicted_n": "2"}}, "predicted_n"),
+        (chunk({"reasoning_content": "a"}, timings={"predicted_n": "2"}), "predicted_n"),
     ],
 )
 def test_malformed_chunks_are_protocol_errors_naming_the_field(bad: dict[str, Any], message: str) -> None:

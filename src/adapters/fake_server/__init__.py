@@ -1,5 +1,7 @@
-"""A scripted HTTP server on a Unix socket, and in-memory fakes that replay the same scripts."""
+"""A scripted HTTP server on a Unix socket, in-memory fakes that replay the same scripts, and the
+llama-server chunks the scripts stream."""
 
+from adapters.fake_server.chunks import CHUNK_CREATED, CHUNK_ID, CHUNK_MODEL, ROLE, chunk, chunk_timings
 from adapters.fake_server.memory import (
     AsyncFakeClock,
     AsyncFakeSlotProbe,
@@ -34,7 +36,11 @@ from adapters.fake_server.script import (
 from adapters.fake_server.server import FakeServer
 
 __all__ = [
+    "CHUNK_CREATED",
+    "CHUNK_ID",
+    "CHUNK_MODEL",
     "NEVER",
+    "ROLE",
     "AsyncFakeClock",
     "AsyncFakeSlotProbe",
     "AsyncScriptedTransport",
@@ -52,6 +58,8 @@ __all__ = [
     "ScriptedExchange",
     "ScriptedStream",
     "ScriptedTransport",
+    "chunk",
+    "chunk_timings",
     "error_reply",
     "json_reply",
     "loading",
