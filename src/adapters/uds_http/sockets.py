@@ -3,9 +3,9 @@ exchange (`adapters.uds_http._async.exchange` and its generated blocking twin).
 
 `SocketStream` and `AsyncSocketStream` meet the `ByteStream` and `AsyncByteStream` contracts
 (`ports.stream`) with the same signatures; only how they wait differs: a blocking socket with
-its timeout, or a non-blocking one on the event loop (`loop.sock_recv` and `loop.sock_sendall`,
-which cost a half to a quarter of the CPU of asyncio streams per small chunk, see
-`bench/aio_read_bench.py`). `connect(path, timeout)` makes either, or raises `ConnectError`
+its timeout, or a non-blocking one on the event loop (a reader callback for readiness and
+`loop.sock_sendall`, which cost a half to a quarter of the CPU of asyncio streams per small
+chunk, see `bench/aio_read_bench.py`). `connect(path, timeout)` makes either, or raises `ConnectError`
 naming the socket path and what is wrong with it.
 
 Invariants:
@@ -13,6 +13,8 @@ Invariants:
   stream read with one timeout throughout costs one `recv` per call and nothing more.
 - A non-blocking read that finds bytes waiting still lets the loop run once, so a fast sender
   never keeps one task running for more than one read's worth of parsing.
+- A read that times out or is cancelled has taken no byte: it waits for the socket to be
+  readable and only then reads, itself, so nothing received is ever dropped.
 - `shutdown()` may come from any thread while another (or the loop) waits in `recv`: the wait
   ends (EOF) and the peer sees the close. `close()` is idempotent; neither raises.
 """
@@ -115,22 +117,34 @@ class AsyncSocketStream:
             await self._loop.sock_sendall(self._sock, data)
 
     async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
+        sock = self._sock
         try:
-            data = self._sock.recv(max_bytes)  # bytes already there: no future, no timer
+            data = sock.recv(max_bytes)  # bytes already there: no future, no timer
         except (BlockingIOError, InterruptedError):
-            if timeout <= 0.0:
-                return TIMED_OUT
+            pass
         else:
             await asyncio.sleep(0)  # behind a fast sender: let the loop run once per read
             return data
-        deadline = asyncio.timeout(timeout)
-        try:
-            async with deadline:
-                return await self._loop.sock_recv(self._sock, max_bytes)
-        except TimeoutError:
-            if deadline.expired():
+        # Wait for readiness, then read ourselves: a read the loop made for us (`sock_recv`) and
+        # a timeout or cancel landing in the same turn would drop the bytes it had taken.
+        loop = self._loop
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            if left <= 0.0:
                 return TIMED_OUT
-            raise
+            ready = loop.create_future()
+            loop.add_reader(self._fd, _settle, ready)
+            timer = loop.call_later(left, _settle, ready)
+            try:
+                await ready
+            finally:
+                timer.cancel()
+                loop.remove_reader(self._fd)
+            try:
+                return sock.recv(max_bytes)
+            except (BlockingIOError, InterruptedError):
+                continue  # woken by the timer, or readable for nothing: the deadline decides
 
     async def pause(self) -> None:
         await asyncio.sleep(0)
@@ -147,6 +161,11 @@ class AsyncSocketStream:
             self._loop.remove_writer(self._fd)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _settle(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
 
 
 def unix_socket(path: str) -> socket.socket:
