@@ -40,6 +40,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from domain.completion import Completion, FinishReason, Timings
@@ -90,6 +91,7 @@ class Assembler:
 
     __slots__ = (
         "_answer_bytes",
+        "_answer_cap",
         "_calls",
         "_chunks",
         "_content",
@@ -130,6 +132,7 @@ class Assembler:
         self._max_calls = max_tool_calls
         self._max_prompt = max_prompt_tokens
         self._answer_bytes = 0
+        self._answer_cap = sys.maxsize if max_answer_bytes is None else max_answer_bytes
         self._reasoning_chunks = 0
         self._predicted = 0
         self._processed = -1
@@ -209,7 +212,11 @@ class Assembler:
             if type(text) is not str:
                 raise ProtocolError(f"reasoning_content is a {type(text).__name__}, not a string")
             if text:
-                self._append(self._reasoning, text)
+                raw = text.encode()  # UTF-8 (the default; no argument is faster)
+                self._answer_bytes += len(raw)
+                if self._answer_bytes > self._answer_cap:
+                    raise self._past_cap()
+                self._reasoning += raw
                 self.in_reasoning = True
                 self.advanced = True
                 self._reasoning_chunks += 1
@@ -223,7 +230,11 @@ class Assembler:
             if type(text) is not str:
                 raise ProtocolError(f"content is a {type(text).__name__}, not a string")
             if text:
-                self._append(self._content, text)
+                raw = text.encode()  # UTF-8
+                self._answer_bytes += len(raw)
+                if self._answer_bytes > self._answer_cap:
+                    raise self._past_cap()
+                self._content += raw
                 self.in_reasoning = False
                 self.advanced = True
                 events = (*events, Content(text))
@@ -249,22 +260,17 @@ class Assembler:
             self.advanced = True
         return event
 
-    def _append(self, into: bytearray, text: str) -> None:
-        """Charge `text` to the answer, then keep it (as UTF-8) at the end of `into`."""
-        raw = text.encode("utf-8")
-        self._charge(len(raw))
-        into += raw
+    def _grow(self, text: str) -> bytes:
+        """`text` charged to the answer, as UTF-8."""
+        raw = text.encode()  # UTF-8
+        self._answer_bytes += len(raw)
+        if self._answer_bytes > self._answer_cap:
+            raise self._past_cap()
+        return raw
 
-    def _grow(self, text: str) -> None:
-        self._charge(len(text) if text.isascii() else len(text.encode("utf-8")))
-
-    def _charge(self, size: int) -> None:
-        self._answer_bytes += size
+    def _past_cap(self) -> ProtocolError:
         limit = self._max_answer
-        if limit is not None and self._answer_bytes > limit:
-            raise ProtocolError(
-                f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks"
-            )
+        return ProtocolError(f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks")
 
     def _tool_deltas(self, calls: list[dict[str, Any]]) -> list[ChatEvent]:
         out: list[ChatEvent] = []
@@ -298,7 +304,7 @@ class Assembler:
             elif type(arguments) is not str:
                 raise ProtocolError(f"tool call {index}: arguments is a {type(arguments).__name__}")
             elif arguments:
-                self._append(call.arguments, arguments)
+                call.arguments += self._grow(arguments)
                 self.advanced = True
             out.append(ToolCallDelta(index, new_id or None, name or None, arguments))
         return out
