@@ -104,7 +104,7 @@ class ChatStream:
     `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
     progress report is the only bound."""
 
-    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over")
+    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_stalled")
 
     def __init__(
         self, limits: StreamLimits, max_tokens: int, now: float, *, max_prompt_tokens: int | None = None
@@ -119,6 +119,7 @@ class ChatStream:
         self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
         self._liveness = Liveness(limits.liveness_ms, now)
         self._over = False
+        self._stalled = False
 
     @property
     def completion_id(self) -> str | None:
@@ -129,14 +130,24 @@ class ChatStream:
         return self._liveness.timeout(now)
 
     def silence(self, now: float) -> None:
-        """A read brought nothing by `now`; raises `Stalled` once the silence reached the limit."""
+        """A read brought nothing by `now`; raises `Stalled` once the silence reached the limit.
+        A stalled stream takes no more bytes unless it is `resumed`."""
         if self._liveness.expired(now):
-            self._over = True
+            self._stalled = True
             raise self._liveness.error(now)
+
+    def resumed(self, now: float) -> None:
+        """The body goes on, from the bytes fed so far, on another connection (a re-attach after
+        a cut or a stall): the silence limit restarts at `now`. A stream that ended (its
+        `Completion` or an error) cannot be resumed."""
+        if self._over:
+            raise ProtocolError("the stream is over: it cannot be resumed")
+        self._stalled = False
+        self._liveness.on_data(now)
 
     def feed(self, data: bytes, now: float) -> list[Step]:
         """The steps `data` (received at `now`; `b""` at the end of the body) brings."""
-        if self._over:
+        if self._over or self._stalled:
             raise ProtocolError("the stream is over: no more bytes are taken")
         out: list[Step] = []
         try:

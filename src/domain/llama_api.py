@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,6 +33,15 @@ CONTROL_PATH: Final = "/v1/chat/completions/control"
 SLOTS_PATH: Final = "/slots"
 PROPS_PATH: Final = "/props"
 TOKENIZE_PATH: Final = "/tokenize"
+STREAM_PATH: Final = "/v1/stream"
+# With this request header on a chat POST the server keeps the response body in a replay ring
+# (4 MiB, kept 300 s after the end) and goes on generating when the connection drops:
+# `GET /v1/stream?conv_id=ID&from=N` re-attaches from byte N of the de-chunked body, and only
+# `DELETE /v1/stream?conv_id=ID` stops the generation.
+CONVERSATION_HEADER: Final = "X-Conversation-Id"
+# Answers to a re-attach that mean the body cannot be had from there: the server restarted or
+# forgot the id, or has no replay at all (404); the offset fell out of the ring (400).
+REATTACH_REFUSED: Final = frozenset({400, 404})
 
 _SHOWN = 120  # characters of an offending value quoted in an error
 _UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -41,8 +51,26 @@ def with_model(path: str, model: str) -> str:
     """`path?model=<model>`, every byte of the model's UTF-8 outside RFC 3986's unreserved set
     percent-encoded: a llama-server router routes a GET by it (a single-model server ignores it;
     a POST names the model in its body instead)."""
-    query = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in model.encode("utf-8"))
-    return f"{path}?model={query}"
+    return f"{path}?model={_query(model)}"
+
+
+def new_conversation_id() -> str:
+    """A fresh conversation id: 128 random bits, since anyone who knows it can read the replay."""
+    return secrets.token_hex(16)
+
+
+def _query(value: str) -> str:
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
+
+
+def reattach_path(conversation_id: str, offset: int) -> str:
+    """`GET` this to re-attach to the body of conversation `conversation_id` from byte `offset`."""
+    return f"{STREAM_PATH}?conv_id={_query(conversation_id)}&from={offset}"
+
+
+def stop_path(conversation_id: str) -> str:
+    """`DELETE` this to stop the generation of conversation `conversation_id` (idempotent)."""
+    return f"{STREAM_PATH}?conv_id={_query(conversation_id)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,3 +113,25 @@ class RetryPolicy:
         gaps = range(attempt - 1, self.attempts)
         longest = sum(self.delays_ms[min(gap - 1, len(self.delays_ms) - 1)] for gap in gaps if gap >= 1)
         return max(0, min(round(longest * (1.0 + self.jitter)), round(self.total_ms - elapsed_ms)))
+
+
+class Attempts:
+    """The attempts of one call under a `RetryPolicy`: which one runs (`number`, from 1) and when
+    the call started (`started`, on the caller's clock). Re-sends and re-attaches count alike."""
+
+    __slots__ = ("number", "policy", "started")
+
+    def __init__(self, policy: RetryPolicy, started: float) -> None:
+        self.policy = policy
+        self.started = started
+        self.number = 1
+
+    def next(self, error: InferError, now: float) -> RetryDecision:
+        """The decision after the running attempt failed with `error`; a retry moves `number` on."""
+        decision = self.policy.decide(self.number, error, (now - self.started) * 1000.0)
+        if decision.retry:
+            self.number = decision.attempt
+        return decision
+
+    def waits_left_ms(self, now: float) -> int:
+        return self.policy.waits_left_ms(self.number, (now - self.started) * 1000.0)

@@ -4,7 +4,8 @@ The contract, which every transport meets (one contract suite runs against the U
 adapter and against the in-memory fake; both return the same exchange, over a socket or over a
 script, see `ports.stream`):
 
-- `Transport.open(method, path, body, timeout)` connects, sends the whole request and returns an
+- `Transport.open(method, path, body, timeout, headers=())` connects, sends the whole request
+  (with `headers` besides its own: `Host`, the body's type and length, `Connection: close`) and returns an
   `Exchange`. It raises `domain.errors.ConnectError` (naming the socket path) if the socket
   cannot be reached, `domain.errors.StreamClosedEarly` if the connection breaks while the
   request is being written, and `domain.errors.Stalled` if writing it takes over `timeout`.
@@ -111,6 +112,7 @@ class Transport(Protocol):
         *,
         timeout: float,
         cancel: CancelSignal | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> Exchange: ...
 
 
@@ -138,4 +140,5 @@ class AsyncTransport(Protocol):
         *,
         timeout: float,
         cancel: CancelSignal | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> AsyncExchange: ...

@@ -12,6 +12,7 @@ from adapters.fake_server.memory import (
     ScriptedStream,
     ScriptedTransport,
 )
+from adapters.fake_server.replay import ReplayRing
 from adapters.fake_server.script import (
     NEVER,
     End,
@@ -51,6 +52,7 @@ __all__ = [
     "Piece",
     "Raw",
     "RecordedRequest",
+    "ReplayRing",
     "Reply",
     "RouteItem",
     "Routes",

@@ -184,14 +184,17 @@ class ScriptedTransport:
         *,
         timeout: float,
         cancel: CancelSignal | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> ScriptedExchange:
-        request, stream = self._render(method, path, body)
+        request, stream = self._render(method, path, body, headers)
         return send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path, cancel=cancel)
 
-    def _render(self, method: str, path: str, body: bytes | None) -> tuple[Request, ScriptedStream]:
+    def _render(
+        self, method: str, path: str, body: bytes | None, headers: tuple[tuple[str, str], ...]
+    ) -> tuple[Request, ScriptedStream]:
         """The request checked as the real transport checks it, and the stream that plays it."""
         header_bytes = sys.maxsize if self.header_bytes is None else self.header_bytes
-        request = render(method, path, body, header_bytes)
+        request = render(method, path, body, header_bytes, headers)
         if self.refusing:
             raise ConnectError(
                 f"cannot connect to {self.socket_path}: connection refused (nobody is listening on the socket)"
@@ -236,8 +239,9 @@ class AsyncScriptedTransport(ScriptedTransport):
         *,
         timeout: float,
         cancel: CancelSignal | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> AsyncHttpExchange:
-        request, scripted = self._render(method, path, body)
+        request, scripted = self._render(method, path, body, headers)
         return await send_async(
             AsyncScriptedStream(scripted),
             request,

@@ -52,11 +52,13 @@ class Request:
         return f"{self.method} {self.path}"
 
 
-def render(method: str, path: str, body: bytes | None, header_bytes: int) -> Request:
-    """The request's bytes (`Host`, a JSON body's type and length, `Connection: close`). A
-    malformed method or path is the caller's bug: `ValueError`."""
+def render(
+    method: str, path: str, body: bytes | None, header_bytes: int, extra: tuple[tuple[str, str], ...] = ()
+) -> Request:
+    """The request's bytes (`Host`, the `extra` headers, a JSON body's type and length,
+    `Connection: close`). A malformed method, path or header is the caller's bug: `ValueError`."""
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
-    headers = [("Host", "localhost")]
+    headers = [("Host", "localhost"), *extra]
     if body is not None:
         headers.append(("Content-Type", "application/json"))
         headers.append(("Content-Length", str(len(body))))

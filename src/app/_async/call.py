@@ -36,32 +36,38 @@ from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
 from domain.cache import cache_outcome
 from domain.cancel import CancelToken
-from domain.chat_stream import ChatStream, PostReasoningEnd
+from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion, Timings
-from domain.errors import HttpError, InferError, loggable
+from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
 from domain.events import Progress, Queued, Retrying, Waiting
 from domain.gate import Ticket
 from domain.limits import ClientLimits
 from domain.llama_api import (
     CHAT_PATH,
     CONTROL_PATH,
+    CONVERSATION_HEADER,
     PROPS_PATH,
+    REATTACH_REFUSED,
     SLOTS_PATH,
+    STREAM_PATH,
     TOKENIZE_PATH,
     Props,
     SlotInfo,
     Token,
     control_refusal,
+    new_conversation_id,
     not_a_stream,
     parse_props,
     parse_slots,
     parse_tokens,
+    reattach_path,
+    stop_path,
     tokenize_body,
     with_model,
 )
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, build_control_body, effective_max_tokens
-from domain.retry import RetryPolicy
+from domain.retry import Attempts, RetryPolicy
 from domain.waiting import gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
@@ -70,6 +76,73 @@ from ports.transport import AsyncExchange, AsyncTransport, ResponseHead, TimedOu
 __all__ = ["AsyncLlamaCalls"]
 
 log = logging.getLogger("inferpath.client")
+
+
+class _Flight:
+    """One attempt's request in the air: its conversation, the connection it reads, the stream
+    it feeds and the body bytes it consumed; `generating` names the conversation the server may
+    still be generating for (stopped when the attempt ends without its `Completion`)."""
+
+    __slots__ = ("consumed", "conversation", "cut", "exchange", "first", "generating", "started", "stream")
+
+    def __init__(self) -> None:
+        self.conversation: str | None = None
+        self.generating: str | None = None
+        self.exchange: AsyncExchange | None = None
+        self.stream: ChatStream | None = None
+        self.cut: InferError | None = None
+        self.consumed = 0
+        self.started = 0.0
+        self.first = True
+
+    def take_off(self, conversation: str, exchange: AsyncExchange, stream: ChatStream, now: float) -> None:
+        self.conversation = conversation
+        self.exchange = exchange
+        self.stream = stream
+        self.consumed = 0
+        self.started = now
+        self.first = True
+
+    def flying(self) -> tuple[AsyncExchange, ChatStream]:
+        assert self.exchange is not None and self.stream is not None
+        return self.exchange, self.stream
+
+    def broke(self, error: InferError) -> InferError:
+        """The connection broke (or stalled, or a re-attach failed): `error` raised as it is
+        before the head (nothing to pick up), else returned, the connection closed."""
+        if self.stream is None:
+            raise error
+        self.cut = error
+        self.close()
+        return error
+
+    def refused(self) -> InferError:
+        """A re-attach was refused: the break it would have mended, and a fresh start."""
+        assert self.cut is not None
+        self.stream = self.conversation = None
+        return self.cut
+
+    def first_token(self, step: object, now: float) -> None:
+        if self.first and not isinstance(step, Progress):
+            self.first = False
+            log.debug("first token %.0f ms after the head", (now - self.started) * 1000)
+
+    def landed(self) -> None:
+        self.generating = None  # the Completion: nothing to stop
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.exchange.close()
+            self.exchange = None
+
+
+class _Refused(Exception):
+    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
+    400: the offset left its ring). Never leaves this module."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"re-attach refused with HTTP {status}")
+        self.status = status
 
 
 class AsyncLlamaCalls:
@@ -86,6 +159,7 @@ class AsyncLlamaCalls:
         request_settings: RequestSettings,
         limits: ClientLimits,
         total_slots: int | None,
+        n_ctx: int | None = None,
     ) -> None:
         self._transport = transport
         self._probe = probe
@@ -95,79 +169,86 @@ class AsyncLlamaCalls:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
+        self._n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
         self._last_timings: dict[int, Timings] = {}
 
     # -- a chat -------------------------------------------------------------------------------
 
-    def now(self) -> float:
-        return self._clock.now()
+    def attempts(self) -> Attempts:
+        """The attempts of a call starting now."""
+        return Attempts(self._retry, self._clock.now())
 
     async def sleep(self, seconds: float, token: CancelToken) -> None:
         await self._clock.sleep(seconds, token)
 
-    def retrying(self, slot: int, attempt: int, error: InferError, elapsed_ms: float) -> Retrying:
-        """The `Retrying` event after attempt number `attempt` failed with `error` (logged at
-        WARNING with how long the retries may still wait), or `error` raised if it is not retried."""
-        policy = self._retry
-        decision = policy.decide(attempt, error, elapsed_ms)
+    def retrying(self, slot: int, attempts: Attempts, error: InferError, *, offset: int | None = None) -> Retrying:
+        """The `Retrying` event after the running attempt failed with `error` (logged at WARNING
+        with how long the retries may still wait), or `error` raised if it is not retried.
+        `offset` is where a re-attach will pick the body up, when the next attempt is one."""
+        now = self._clock.now()
+        decision = attempts.next(error, now)
         if not decision.retry:
             raise error
+        how = "re-send" if offset is None else f"re-attach from body byte {offset}"
         log.warning(
-            "slot %d: retrying as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
+            "slot %d: %s as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
             slot,
+            how,
             decision.attempt,
             decision.after_ms,
             loggable(error),
             decision.attempt,
-            policy.attempts,
-            policy.waits_left_ms(decision.attempt, elapsed_ms),
+            attempts.policy.attempts,
+            attempts.waits_left_ms(now),
         )
         return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}")
 
-    async def attempt(self, req: ChatRequest, body: bytes, token: CancelToken) -> AsyncGenerator[Step, None]:
-        """One attempt: through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`),
-        open + send, the head (with its polls), then the stream to its `Completion`; the slot is
-        given back on every way out."""
-        limits = self._limits
-        clock = self._clock
+    async def attempt(
+        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool
+    ) -> AsyncGenerator[Step, None]:
+        """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
+        the request, its head (with its polls), then the stream to its `Completion`.
+
+        A stream cut or stalled after its head is picked up where it broke, sending nothing twice:
+        on a new connection, from the body bytes consumed, into the same `ChatStream`, so the
+        events go on without a repeat; each re-attach is an attempt under the retry schedule, made
+        with the slot still held. Refused (the server forgot the conversation, or the offset left
+        its ring), the request is sent again under a new id if `resend`, else the cut is raised.
+        Every end but the `Completion` stops the generation."""
         slot = req.slot
-        queue = self._queue
-        token.raise_if_cancelled()
-        ticket = queue.enter(slot)
+        clock = self._clock
+        ticket = self._queue.enter(slot)
+        flight = _Flight()
         try:
             if ticket.ahead:
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
-            token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-            exchange = await self._transport.open(
-                "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token
-            )
-        except BaseException:
-            queue.leave(ticket)
-            raise
-        try:
-            head: ResponseHead | None = None
-            async for waited in self._head(exchange, slot, token):
-                if isinstance(waited, ResponseHead):
-                    head = waited
-                else:
-                    yield waited
-            assert head is not None
-            if head.status != 200:
-                kept = await error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
-                raise HttpError(head.status, kept, limits.error_body_bytes)
-            refused = not_a_stream(head)
-            if refused is not None:
-                raise refused
-            read = exchange.read
-            stream = ChatStream(limits.stream, effective_max_tokens(req, self._settings), clock.now())
-            started = clock.now()
-            first = True
             while True:
-                data = await read(stream.timeout(clock.now()))
-                if isinstance(data, TimedOut):
-                    stream.silence(clock.now())
+                try:
+                    if flight.stream is None:  # a request, under a new id
+                        async for waited in self._send(req, body, flight, token):
+                            yield waited
+                    elif flight.exchange is None:  # a re-attach, from the bytes consumed
+                        await self._reattach(flight, token)
+                    exchange, stream = flight.flying()
+                    data = await exchange.read(stream.timeout(clock.now()))
+                    if isinstance(data, TimedOut):
+                        stream.silence(clock.now())
+                        continue
+                except (StreamClosedEarly, Stalled, ConnectError) as broke:
+                    event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
+                    yield event
+                    await clock.sleep(event.after_ms / 1000.0, token)
+                    token.raise_if_cancelled()
                     continue
+                except _Refused:
+                    cut = flight.refused()
+                    if not resend:
+                        raise cut from None
+                    if flight.generating is not None:  # a lost offset: it may still be running
+                        await self._stop(flight.generating)
+                    continue
+                flight.consumed += len(data)
                 for step in stream.feed(data, clock.now()):
                     if isinstance(step, PostReasoningEnd):
                         refusal = await self._post_reasoning_end(step.completion_id, token)
@@ -176,17 +257,95 @@ class AsyncLlamaCalls:
                     elif isinstance(step, InferError):
                         raise step
                     elif isinstance(step, Completion):
+                        flight.landed()
                         self._log_done(slot, step)
                         yield step
                         return
                     else:
-                        if first and not isinstance(step, Progress):
-                            first = False
-                            log.debug("first token %.0f ms after the head", (clock.now() - started) * 1000)
+                        flight.first_token(step, clock.now())
                         yield step
         finally:
+            flight.close()
+            if flight.generating is not None:
+                await self._stop(flight.generating)
+            self._queue.leave(ticket)
+
+    async def _send(
+        self, req: ChatRequest, body: bytes, flight: _Flight, token: CancelToken
+    ) -> AsyncGenerator[Waiting, None]:
+        """Send the chat request under a new conversation id and wait for its head, asking
+        `/slots` each `poll_ms` (the `Waiting` events); then the flight has its exchange, whose
+        head starts an event stream, and a new `ChatStream`."""
+        token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
+        limits = self._limits
+        clock = self._clock
+        slot = req.slot
+        conversation = new_conversation_id()
+        headers = ((CONVERSATION_HEADER, conversation),)
+        timeout = limits.poll_ms / 1000.0
+        exchange = await self._transport.open("POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers)
+        flight.generating = conversation  # sent: the server may be generating for it from now on
+        try:
+            sent = clock.now()
+            wait = limits.first_byte_wait(sent, slot)
+            while isinstance(head := await exchange.head(wait.timeout(clock.now())), TimedOut):
+                decision = wait.on_poll(clock.now(), await self._probe.state(slot, token))
+                token.raise_if_cancelled()
+                yield decision.event
+                if decision.error is not None:
+                    raise decision.error
+            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
+            if head.status != 200:
+                flight.generating = None  # an error answer: nothing runs
+            await self._check_stream_head(exchange, head)
+        except BaseException:
             exchange.close()
-            queue.leave(ticket)
+            raise
+        max_tokens = effective_max_tokens(req, self._settings)
+        prompt = prompt_token_bound(len(body), self._n_ctx)
+        stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt)
+        flight.take_off(conversation, exchange, stream, clock.now())
+
+    async def _reattach(self, flight: _Flight, token: CancelToken) -> None:
+        """The rest of the body from the bytes the flight consumed, on a new connection;
+        `_Refused` when the server cannot give it (404, 400)."""
+        assert flight.conversation is not None and flight.stream is not None
+        wait = self._limits.reattach_wait_s
+        path = reattach_path(flight.conversation, flight.consumed)
+        exchange = await self._transport.open("GET", path, None, timeout=wait, cancel=token)
+        try:
+            head = await exchange.head(wait)
+            if isinstance(head, TimedOut):
+                raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
+            log.debug("re-attach from body byte %d: response head %d", flight.consumed, head.status)
+            if head.status in REATTACH_REFUSED:
+                raise _Refused(head.status)
+            await self._check_stream_head(exchange, head)
+        except BaseException:
+            exchange.close()
+            raise
+        flight.exchange = exchange
+        flight.stream.resumed(self._clock.now())
+
+    async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:
+        """A head that does not start an event stream raises: `HttpError` with its body, or the
+        `ProtocolError` of a whole answer where a stream was asked for."""
+        limits = self._limits
+        clock = self._clock
+        if head.status != 200:
+            kept = await error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
+            raise HttpError(head.status, kept, limits.error_body_bytes)
+        refused = not_a_stream(head)
+        if refused is not None:
+            raise refused
+
+    async def _stop(self, conversation: str) -> None:
+        """Stop the generation of `conversation` (closing its connection no longer does): a
+        `DELETE` on a connection of its own, within `STOP_WAIT_S`, whatever the call's state."""
+        try:
+            await fetch(self._transport, self._clock, "DELETE", stop_path(conversation), None, self._limits.stop())
+        except InferError as exc:
+            log.debug("stopping the generation: %s", loggable(exc))
 
     async def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> AsyncGenerator[Queued, None]:
         """Wait at the gate until the ticket holds its slot, emitting `Queued` each time it moves
@@ -201,23 +360,6 @@ class AsyncLlamaCalls:
             if isinstance(moved, TimedOut):
                 raise gate_timeout(slot, self._limits.gate_wait_s, self._limits.busy_wait_ms)
             ahead = moved
-
-    async def _head(
-        self, exchange: AsyncExchange, slot: int, token: CancelToken
-    ) -> AsyncGenerator[Waiting | ResponseHead, None]:
-        """Wait for the response head, asking `/slots` each `poll_ms`: `Waiting` events, then the
-        head."""
-        clock = self._clock
-        sent = clock.now()
-        wait = self._limits.first_byte_wait(sent, slot)
-        while isinstance(head := await exchange.head(wait.timeout(clock.now())), TimedOut):
-            decision = wait.on_poll(clock.now(), await self._probe.state(slot, token))
-            token.raise_if_cancelled()
-            yield decision.event
-            if decision.error is not None:
-                raise decision.error
-        log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
-        yield head
 
     async def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
         """Ask the server to end the thinking block on a second connection: None when it answers
@@ -275,5 +417,8 @@ class AsyncLlamaCalls:
     async def _slot_count(self, token: CancelToken) -> int:
         if self._total_slots is None:
             token.raise_if_cancelled()
-            self._total_slots = (await self.props(token)).total_slots
+            props = await self.props(token)
+            self._total_slots = props.total_slots
+            if self._n_ctx is None:
+                self._n_ctx = props.n_ctx
         return self._total_slots

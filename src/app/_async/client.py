@@ -117,22 +117,21 @@ class AsyncClient:
         llama = self._llama
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            started = llama.now()
+            attempts = llama.attempts()
             body: bytes | None = None
-            attempt = 1
             while True:
                 try:
                     if body is None:
                         body = await llama.render(req, token)
-                    async with contextlib.aclosing(llama.attempt(req, body, token)) as steps:
+                    steps = llama.attempt(req, body, token, attempts, resend=retry)
+                    async with contextlib.aclosing(steps):
                         async for step in steps:
                             yield step
                     return
                 except InferError as error:
                     if not retry or token.cancelled:
                         raise
-                    event = llama.retrying(req.slot, attempt, error, (llama.now() - started) * 1000.0)
-                    attempt = event.attempt
+                    event = llama.retrying(req.slot, attempts, error)
                     yield event
                     await llama.sleep(event.after_ms / 1000.0, token)
                     token.raise_if_cancelled()

@@ -118,22 +118,21 @@ class Client:
         llama = self._llama
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            started = llama.now()
+            attempts = llama.attempts()
             body: bytes | None = None
-            attempt = 1
             while True:
                 try:
                     if body is None:
                         body = llama.render(req, token)
-                    with contextlib.closing(llama.attempt(req, body, token)) as steps:
+                    steps = llama.attempt(req, body, token, attempts, resend=retry)
+                    with contextlib.closing(steps):
                         for step in steps:
                             yield step
                     return
                 except InferError as error:
                     if not retry or token.cancelled:
                         raise
-                    event = llama.retrying(req.slot, attempt, error, (llama.now() - started) * 1000.0)
-                    attempt = event.attempt
+                    event = llama.retrying(req.slot, attempts, error)
                     yield event
                     llama.sleep(event.after_ms / 1000.0, token)
                     token.raise_if_cancelled()

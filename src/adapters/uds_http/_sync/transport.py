@@ -47,14 +47,15 @@ class UdsTransport:
         *,
         timeout: float,
         cancel: CancelSignal | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
     ) -> HttpExchange:
-        """Connect, send the whole request and return the exchange (aborted if `cancel` fires,
-        from the first byte written on).
+        """Connect, send the whole request (with the `headers` given besides its own) and return
+        the exchange (aborted if `cancel` fires, from the first byte written on).
 
         Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
-        request = render(method, path, body, self._header_bytes)  # fails before connecting
+        request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
         stream = SocketStream.connect(self.socket_path, timeout)
         return send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 

@@ -1,0 +1,212 @@
+"""A turn survives a cut stream: the client re-attaches to the server's replay of the body instead
+of sending the request again, and stops every generation it walks away from.
+
+Every chat request carries a fresh conversation id (`X-Conversation-Id`, 128 random bits). When
+the stream breaks after its head (a reset, a close, silence past the liveness limit), the client
+asks `GET /v1/stream?conv_id=ID&from=N` for the body from the N bytes it consumed, on a new
+connection, with the slot still held, and feeds it into the same stream: the events go on without
+a repeat, and the answer equals an uncut one. A refusal (404: forgotten or no replay; 400: the
+offset left the ring) falls back to sending the request again under a new id, when the call may
+(`chat_with_retry`); `chat()` then raises the cut. Every end but the answer `DELETE`s the
+conversation, since with the header closing the connection no longer stops the server. Against
+the fake server's `ReplayRing`, over both clients.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+from adapters.fake_server import End, FakeServer, ReplayRing, json_reply, silence
+from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, Kind, chunk, recorded
+from domain.cancel import CancelToken
+from domain.completion import Completion
+from domain.errors import Cancelled, StreamClosedEarly, ThinkingOverrun
+from domain.events import ChatEvent, Content, Progress, Retrying
+
+pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("client_kind")]
+
+STREAM = ("GET", "/v1/stream")
+STOP = ("DELETE", "/v1/stream")
+WORDS = 120
+LONG = [
+    chunk({"role": "assistant", "content": None}, n=0, progress=(42, 0, 42)),
+    *(chunk({"content": f" w{n}"}, n=n) for n in range(1, WORDS + 1)),
+    chunk(finish="stop", n=WORDS),
+]
+LONG_TEXT = "".join(f" w{n}" for n in range(1, WORDS + 1))
+
+
+def served(server: FakeServer, ring: ReplayRing) -> ReplayRing:
+    server.route(*CHAT, ring.chat)
+    server.route(*STREAM, ring.reattach)
+    server.route(*STOP, ring.stop)
+    return ring
+
+
+def content(events: list[ChatEvent]) -> str:
+    return "".join(e.text for e in events if isinstance(e, Content))
+
+
+def uncut(server: FakeServer, client_kind: Kind) -> tuple[Completion, list[ChatEvent]]:
+    events: list[ChatEvent] = []
+    served(server, ReplayRing(LONG))
+    completion = client_kind.client_for(server).chat(REQ, events.append)
+    return completion, [e for e in events if not isinstance(e, Retrying)]
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["chat", "chat_with_retry"])
+def test_a_stream_cut_mid_event_is_picked_up_where_it_broke_and_the_answer_is_exact(
+    server: FakeServer, client_kind: Kind, retry: bool
+) -> None:
+    expected, expected_events = uncut(server, client_kind)
+    server.requests.clear()
+    ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.RESET))
+    client = client_kind.client_for(server)
+    events: list[ChatEvent] = []
+
+    completion = (client.chat_with_retry if retry else client.chat)(REQ, events.append)
+
+    assert completion == expected
+    assert [e for e in events if not isinstance(e, Retrying)] == expected_events, "no event twice, none lost"
+    assert content(events) == LONG_TEXT
+    (retrying,) = [e for e in events if isinstance(e, Retrying)]
+    assert retrying.attempt == 2 and retrying.error.startswith("StreamClosedEarly")
+    assert len(recorded(server, CHAT)) == 1, "the request is sent once"
+    assert ring.offsets == [2048], "re-attached from the bytes consumed"
+    assert ring.stopped == [], "an answer stops nothing"
+
+
+def test_a_re_attach_cut_again_is_picked_up_again_from_the_new_offset(server: FakeServer, client_kind: Kind) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=1000, reattach_cut=8000))
+    events: list[ChatEvent] = []
+
+    completion = client_kind.client_for(server, retry={"attempts": 8, "delays_ms": [20] * 7}).chat_with_retry(
+        REQ, events.append
+    )
+
+    assert completion.content == LONG_TEXT
+    assert ring.offsets == list(range(1000, len(ring.body), 8000))
+    assert len(ring.offsets) >= 3
+    assert len(recorded(server, CHAT)) == 1
+    assert [e.attempt for e in events if isinstance(e, Retrying)] == list(range(2, len(ring.offsets) + 2))
+
+
+def test_every_request_carries_a_fresh_128_bit_conversation_id(server: FakeServer, client_kind: Kind) -> None:
+    ring = served(server, ReplayRing(LONG))
+    client = client_kind.client_for(server)
+    for _ in range(3):
+        client.chat(REQ, lambda event: None)
+    assert len(set(ring.conversations)) == 3
+    assert all(re.fullmatch(r"[0-9a-f]{32}", c) for c in ring.conversations)
+
+
+@pytest.mark.parametrize("refusal", ["forgotten", "offset lost"])
+def test_a_refused_re_attach_sends_the_request_again_under_a_new_id(
+    server: FakeServer, client_kind: Kind, refusal: str
+) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=2048))
+    if refusal == "forgotten":
+        original = ring.reattach
+        server.route(*STREAM, lambda request: (ring.forget(), original(request))[1])
+    else:
+        ring.dropped = 4096  # the ring no longer holds byte 2048
+    events: list[ChatEvent] = []
+
+    completion = client_kind.client_for(server).chat_with_retry(REQ, events.append)
+
+    assert completion.content == LONG_TEXT
+    first, second = recorded(server, CHAT)
+    assert first.body == second.body, "the very same bytes"
+    assert ring.conversations[0] != ring.conversations[1]
+    assert ring.stopped[:1] == [ring.conversations[0]], "the first generation is stopped before the second"
+    assert sum(isinstance(e, Retrying) for e in events) == 1
+
+
+def test_a_clean_end_without_the_final_chunk_is_sent_again_not_re_attached(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.CLOSE))  # the body ends cleanly there
+
+    assert client_kind.client_for(server).chat_with_retry(REQ, lambda event: None).content == LONG_TEXT
+    assert ring.offsets == []
+    assert len(recorded(server, CHAT)) == 2
+    assert ring.stopped == ring.conversations[:1]
+
+
+def test_chat_raises_the_cut_when_the_re_attach_is_refused_and_sends_nothing_twice(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=2048))
+    server.route(*STREAM, lambda request: json_reply({"error": {"code": 404}}, 404))
+
+    with pytest.raises(StreamClosedEarly):
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    assert len(recorded(server, CHAT)) == 1
+    assert ring.stopped == ring.conversations[:1]
+
+
+def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeServer, client_kind: Kind) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.SILENCE))
+    events: list[ChatEvent] = []
+
+    completion = client_kind.client_for(server).chat(REQ, events.append)
+
+    assert completion.content == LONG_TEXT
+    (retrying,) = [e for e in events if isinstance(e, Retrying)]
+    assert retrying.error.startswith("Stalled")
+    assert ring.offsets == [2048]
+
+
+def test_a_cancelled_call_stops_its_generation(server: FakeServer, client_kind: Kind) -> None:
+    ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.SILENCE))
+    token = CancelToken()
+    got = threading.Event()
+
+    def on_event(event: ChatEvent) -> None:
+        if isinstance(event, Content):
+            got.set()
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        client_kind.client_for(server, liveness_ms=2000).chat(REQ, on_event, cancel=token)
+
+    assert got.is_set()
+    assert ring.stopped == ring.conversations
+
+
+def test_a_call_that_gives_up_stops_its_generation(server: FakeServer, client_kind: Kind) -> None:
+    reasoning = [chunk({"reasoning_content": "hm"}, n=n) for n in range(1, 40)]
+    ring = served(server, ReplayRing([LONG[0], *reasoning]))
+    server.route(*CONTROL, json_reply({"success": False}))
+
+    with pytest.raises(ThinkingOverrun):
+        client_kind.client_for(server, thinking_cap=2, thinking_overrun=4).chat(REQ, lambda event: None)
+
+    assert ring.stopped == ring.conversations
+
+
+def test_a_request_queued_on_the_server_is_stopped_when_the_call_ends_before_its_head(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*SLOTS, json_reply([{"id": 0, "is_processing": True}]))
+    server.route(*CHAT, silence())
+    ring = ReplayRing(LONG)
+    server.route(*STOP, ring.stop)
+    conversations: list[str] = []
+
+    with pytest.raises(Exception):  # noqa: B017 - WaitTimeout, whichever the budget
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    conversations = [r.header("x-conversation-id") or "" for r in recorded(server, CHAT)]
+    assert ring.stopped == conversations
+
+
+def test_an_answer_equals_the_uncut_one_event_for_event(server: FakeServer, client_kind: Kind) -> None:
+    completion, events = uncut(server, client_kind)
+    assert completion.content == LONG_TEXT
+    assert isinstance(events[0], Progress)
+    assert ANSWER_COMPLETION.finish_reason == completion.finish_reason
