@@ -68,6 +68,11 @@ def total_slots(config: Config) -> int | None:
     return config.expect.total_slots if config.expect is not None else None
 
 
+def n_ctx(config: Config) -> int | None:
+    """A slot's context as the config pins it (else the client takes it from `/props`)."""
+    return config.expect.n_ctx if config.expect is not None else None
+
+
 class Container(containers.DeclarativeContainer):
     config = providers.Dependency(instance_of=Config)
 
@@ -100,6 +105,7 @@ class Container(containers.DeclarativeContainer):
         request_settings=providers.Callable(request_settings, config),
         limits=limits,
         total_slots=providers.Callable(total_slots, config),
+        n_ctx=providers.Callable(n_ctx, config),
     )
 
     # The asyncio client: the same settings, limits and slot gate (so a sync call and an async
@@ -126,4 +132,5 @@ class Container(containers.DeclarativeContainer):
         request_settings=providers.Callable(request_settings, config),
         limits=limits,
         total_slots=providers.Callable(total_slots, config),
+        n_ctx=providers.Callable(n_ctx, config),
     )

@@ -65,6 +65,7 @@ class AsyncClient:
         request_settings: RequestSettings,
         limits: ClientLimits,
         total_slots: int | None,
+        n_ctx: int | None = None,
     ) -> None:
         self._calls = AsyncCalls()
         self._gate = gate
@@ -77,6 +78,7 @@ class AsyncClient:
             request_settings=request_settings,
             limits=limits,
             total_slots=total_slots,
+            n_ctx=n_ctx,
         )
 
     # -- chat ---------------------------------------------------------------------------------

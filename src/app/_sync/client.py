@@ -66,6 +66,7 @@ class Client:
         request_settings: RequestSettings,
         limits: ClientLimits,
         total_slots: int | None,
+        n_ctx: int | None = None,
     ) -> None:
         self._calls = Calls()
         self._gate = gate
@@ -78,6 +79,7 @@ class Client:
             request_settings=request_settings,
             limits=limits,
             total_slots=total_slots,
+            n_ctx=n_ctx,
         )
 
     # -- chat ---------------------------------------------------------------------------------
