@@ -32,6 +32,7 @@ def request_settings(config: Config) -> RequestSettings:
         top_k=s.top_k,
         min_p=s.min_p,
         seed=s.seed,
+        thinking_budget=config.limits.thinking_cap,
     )
 
 

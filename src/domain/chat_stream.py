@@ -104,10 +104,16 @@ class ChatStream:
     `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
     progress report is the only bound."""
 
-    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_stalled")
+    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_reasoning", "_stalled")
 
     def __init__(
-        self, limits: StreamLimits, max_tokens: int, now: float, *, max_prompt_tokens: int | None = None
+        self,
+        limits: StreamLimits,
+        max_tokens: int,
+        now: float,
+        *,
+        max_prompt_tokens: int | None = None,
+        budget_sent: bool = False,
     ) -> None:
         self._decoder = SseDecoder(max_line=limits.sse_line_bytes)
         self._assembler = Assembler(
@@ -116,7 +122,8 @@ class ChatStream:
             max_tool_calls=limits.tool_calls,
             max_prompt_tokens=max_prompt_tokens,
         )
-        self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun)
+        self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun, budget_sent=budget_sent)
+        self._reasoning = False  # the last chunk that advanced was reasoning
         self._liveness = Liveness(limits.liveness_ms, now)
         self._over = False
         self._stalled = False
@@ -183,7 +190,11 @@ class ChatStream:
         advanced = False
         for event in self._decoder.feed(data):
             if type(event) is SseData:
+                mark = len(out)
                 out += assemble(parse_chunk(event.data))
+                if self._reasoning and not assembler.in_reasoning and self._cap.ended(assembler.reasoning_tokens):
+                    out.insert(mark, ThinkingCapped(tokens=assembler.reasoning_tokens))  # the budget ended it
+                self._reasoning = assembler.in_reasoning
                 if assembler.finished:
                     self._end(out, self._result())
                     return True

@@ -89,6 +89,9 @@ class RequestSettings:
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
+    # Sent as `thinking_budget_tokens` with every thinking request: the server ends the thinking
+    # block at exactly this many tokens. None sends nothing (the client's reasoning_end call alone).
+    thinking_budget: int | None = None
 
 
 def _text(value: object, where: str, *, optional: bool = False) -> str | None:
@@ -305,6 +308,8 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     body["timings_per_token"] = True
     body["reasoning_control"] = True
     body["chat_template_kwargs"] = {"enable_thinking": req.thinking}
+    if req.thinking and settings.thinking_budget is not None:
+        body["thinking_budget_tokens"] = settings.thinking_budget
     body["max_tokens"] = max_tokens
     body.update(sampling)
     if stop:

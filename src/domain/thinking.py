@@ -12,6 +12,14 @@ Fed after every chunk with the assembler's `reasoning_tokens` and `in_reasoning`
   `success: false` also when the completion ended a moment before the call arrived; the brief
   treats every such answer alike.)
 - Outside the thinking block nothing happens, whatever the count.
+
+With the server's own budget (`budget_sent`: the request carried `thinking_budget_tokens =
+cap`), the server ends the thinking block at exactly `cap` tokens and the answer follows, with
+no control call and so no race with it: `ended(tokens)`, told when the reasoning gives way to
+the answer, says whether the budget ended it (`capped`, emit `ThinkingCapped`). The control call
+stays as the fallback for a template without end tags (the server then ignores the budget
+silently): it is asked for only past `cap + END_TAG_TOKENS`, since the end tag the server forces
+is a few tokens of its own, counted by `predicted_n` while the block is still open.
 """
 
 from __future__ import annotations
@@ -19,6 +27,9 @@ from __future__ import annotations
 import enum
 
 from domain.errors import ThinkingOverrun
+
+# The tokens of the end tag the server's budget forces (about 6 for `</think>\n\n`), with room.
+END_TAG_TOKENS = 16
 
 
 class Action(enum.Enum):
@@ -28,13 +39,15 @@ class Action(enum.Enum):
 
 
 class ThinkingCap:
-    __slots__ = ("_cap", "_overran", "_overrun", "capped", "capped_at")
+    __slots__ = ("_budget_sent", "_cap", "_overran", "_overrun", "_trigger", "capped", "capped_at")
 
-    def __init__(self, cap: int, overrun: int) -> None:
+    def __init__(self, cap: int, overrun: int, *, budget_sent: bool = False) -> None:
         if cap <= 0 or overrun < 0:
             raise ValueError(f"thinking cap {cap} must be positive and overrun {overrun} not negative")
         self._cap = cap
         self._overrun = overrun
+        self._budget_sent = budget_sent
+        self._trigger = cap + END_TAG_TOKENS if budget_sent else cap
         self._overran = False
         self.capped = False
         self.capped_at = 0  # the reasoning token count when `POST_REASONING_END` was decided
@@ -45,7 +58,7 @@ class ThinkingCap:
         if not in_reasoning:
             return Action.NONE
         if not self.capped:
-            if reasoning_tokens >= self._cap:
+            if reasoning_tokens >= self._trigger:
                 self.capped = True
                 self.capped_at = reasoning_tokens
                 return Action.POST_REASONING_END
@@ -54,6 +67,16 @@ class ThinkingCap:
             self._overran = True
             return Action.OVERRUN
         return Action.NONE
+
+    def ended(self, reasoning_tokens: int) -> bool:
+        """The reasoning gave way to the answer after `reasoning_tokens`: True when it was the
+        server's budget that ended it (at the cap), which caps the thinking as the control call
+        would have."""
+        if self.capped or not self._budget_sent or reasoning_tokens < self._cap:
+            return False
+        self.capped = True
+        self.capped_at = reasoning_tokens
+        return True
 
     def control_answer(self, success: bool) -> Action:
         """The answer to the `reasoning_end` call: anything but `success: true` is `OVERRUN`."""

@@ -304,7 +304,8 @@ class LlamaCalls:
             raise
         max_tokens = effective_max_tokens(req, self._settings)
         prompt = prompt_token_bound(len(body), self._n_ctx)
-        stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt)
+        budget = req.thinking and self._settings.thinking_budget is not None
+        stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt, budget_sent=budget)
         flight.take_off(conversation, exchange, stream, clock.now())
 
     def _reattach(self, flight: _Flight, token: CancelToken) -> None:
