@@ -31,7 +31,9 @@ class WaitTimeout(InferError):
 
 
 class LoadTimeout(InferError):
-    """The server stayed unavailable (loading, restarting) past `load_wait_ms`."""
+    """The server stayed unavailable (loading, restarting) or unresponsive (it took connections
+    and answered nothing: paused or stuck) past `load_wait_ms`; the message says which, and how
+    long each."""
 
 
 class Stalled(InferError):

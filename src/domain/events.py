@@ -14,9 +14,12 @@ class Queued:
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """Sent, no byte yet; one event per slot poll."""
+    """Sent, no byte yet; one event per slot poll. `unresponsive`: the `/slots` probe found a
+    server that took the connection and answered nothing in time (paused or stuck), as opposed
+    to one that refused it or said it is loading."""
 
     slot_busy: bool
+    unresponsive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,13 @@ which always returns one `Waiting` event to emit and, when a limit is reached, t
 after emitting it.
 
 The time since the previous poll (since sending, for the first poll) is charged to the state
-seen at this poll, and each state has its own budget over the whole wait:
+seen at this poll, and each state has its own budget over the whole wait (two share one):
 
 - busy: cumulative busy time reaching `busy_wait_ms` is `WaitTimeout`;
-- unavailable (loading, restarting, no answer): cumulative time reaching `load_wait_ms` is
-  `LoadTimeout`;
+- unavailable (refused, loading, restarting) and unresponsive (it took the probe's connection
+  and answered nothing in time: paused or stuck) share one budget: their cumulative time
+  reaching `load_wait_ms` is `LoadTimeout`. Each is counted apart too, so the message says which
+  was seen and for how long; a wait that saw no unresponsive poll keeps the plain message;
 - idle with no byte yet: cumulative idle time reaching `idle_grace_ms` is `Stalled`.
 
 A change of state resets nothing, so a slot that flips between states cannot keep a request
@@ -86,6 +88,8 @@ class FirstByteWait:
         "_sent_at",
         "_slot",
         "_unavailable",
+        "_unresponsive",
+        "_unresponsive_seen",
     )
 
     def __init__(
@@ -107,6 +111,8 @@ class FirstByteWait:
         self._last = sent_at
         self._busy = 0.0
         self._unavailable = 0.0
+        self._unresponsive = 0.0
+        self._unresponsive_seen = False
         self._idle = 0.0
         self._polls = 0
 
@@ -117,7 +123,13 @@ class FirstByteWait:
 
     @property
     def unavailable_s(self) -> float:
+        """Unavailable time charged so far (refused, loading, restarting)."""
         return self._unavailable
+
+    @property
+    def unresponsive_s(self) -> float:
+        """Unresponsive time charged so far; it counts against `load_wait_ms` with `unavailable_s`."""
+        return self._unresponsive
 
     @property
     def idle_s(self) -> float:
@@ -139,13 +151,17 @@ class FirstByteWait:
             if _reached(self._busy, self._busy_wait_ms):
                 return WaitDecision(event, WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms)))
             return WaitDecision(event)
-        event = Waiting(slot_busy=False)
-        if state is SlotState.UNAVAILABLE:
-            self._unavailable += interval
-            if _reached(self._unavailable, self._load_wait_ms):
-                text = self._message("was unavailable (loading or restarting)", self._unavailable, self._load_wait_ms)
-                return WaitDecision(event, LoadTimeout(text))
+        if state is SlotState.UNAVAILABLE or state is SlotState.UNRESPONSIVE:
+            if state is SlotState.UNAVAILABLE:
+                self._unavailable += interval
+            else:
+                self._unresponsive += interval
+                self._unresponsive_seen = True
+            event = Waiting(slot_busy=False, unresponsive=state is SlotState.UNRESPONSIVE)
+            if _reached(self._unavailable + self._unresponsive, self._load_wait_ms):
+                return WaitDecision(event, LoadTimeout(self._load_message()))
             return WaitDecision(event)
+        event = Waiting(slot_busy=False)
         if state is SlotState.IDLE:
             self._idle += interval
             if _reached(self._idle, self._idle_grace_ms):
@@ -156,11 +172,22 @@ class FirstByteWait:
 
     def _message(self, what: str, charged: float, limit_ms: float) -> str:
         slot = "the slot" if self._slot is None else f"slot {self._slot}"
-        waited = self._last - self._sent_at
+        return f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms); {self._sent()}"
+
+    def _load_message(self) -> str:
+        """The load budget's message: as it always was when every such poll was unavailable;
+        otherwise the time of each of the two states it covers."""
+        if not self._unresponsive_seen:
+            return self._message("was unavailable (loading or restarting)", self._unavailable, self._load_wait_ms)
+        slot = "" if self._slot is None else f"slot {self._slot}: "
         return (
-            f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms); "
-            f"no data {_ms(waited)} after sending, {self._polls} polls"
+            f"{slot}the server accepted connections but answered nothing for {_ms(self._unresponsive)} "
+            f"(unresponsive: paused or stuck), unavailable for {_ms(self._unavailable)}; "
+            f"limit {self._load_wait_ms:.0f} ms for the two together; {self._sent()}"
         )
+
+    def _sent(self) -> str:
+        return f"no data {_ms(self._last - self._sent_at)} after sending, {self._polls} polls"
 
 
 class Liveness:

@@ -11,14 +11,17 @@ from ports.transport import CancelSignal
 class SlotState(enum.Enum):
     BUSY = "busy"  # the slot is processing another request: ours is queued behind it
     IDLE = "idle"  # the slot is free: our request should be running
-    UNAVAILABLE = "unavailable"  # no answer we can trust: refused, 503 (loading), timeout, malformed
+    UNAVAILABLE = "unavailable"  # no answer we can trust: refused, 503 (loading), a cut, malformed
+    UNRESPONSIVE = "unresponsive"  # accepted the connection, answered nothing in time: paused or stuck
 
 
 @runtime_checkable
 class SlotProbe(Protocol):
-    """`state(slot)` answers within its own short timeout and never raises for a server fault:
-    every failure to learn the state (refused, 503, timeout, a malformed or missing slot entry)
-    is `SlotState.UNAVAILABLE`. It raises only for a programming error (a negative slot id).
+    """`state(slot)` answers within its own short timeout and never raises for a server fault.
+    A server that took the connection and sent no whole answer within that timeout (no head, or
+    a body that stopped: paused with SIGSTOP, stuck in a decode) is `SlotState.UNRESPONSIVE`;
+    every other failure to learn the state (refused, 503, a cut, a malformed or missing slot
+    entry) is `SlotState.UNAVAILABLE`. It raises only for a programming error (a negative slot id).
     A `cancel` signal, when given, aborts the probe's connection when the call is cancelled (the
     answer is then `UNAVAILABLE`, and the caller sees the cancellation)."""
 

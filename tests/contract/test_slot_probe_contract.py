@@ -1,13 +1,16 @@
-"""The `SlotProbe` contract: busy, idle or unavailable for one slot, within its own short timeout,
-never raising for a server fault.
+"""The `SlotProbe` contract: busy, idle, unavailable or unresponsive for one slot, within its own
+short timeout, never raising for a server fault.
 
-Run against the hand-set fake (the states it is told), and against the real probe over the
+Run against the hand-set fake (the states it is told), and against the real probe in both
+flavours (`HttpSlotProbe`, and `AsyncHttpSlotProbe` awaited on a loop of its own) over the
 in-memory scripted transport and over a Unix socket to the fake server (the same `/slots`
-scripts for both).
+scripts for all four).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from adapters.fake_server import (
+    AsyncFakeClock,
+    AsyncScriptedTransport,
     End,
     FakeClock,
     FakeServer,
@@ -31,11 +36,13 @@ from adapters.fake_server import (
     silence,
     slots_reply,
 )
-from adapters.system import SystemClock
-from adapters.uds_http.transport import UdsTransport
-from app.slot_probe import HttpSlotProbe
+from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
+from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from async_bridge import run
 from domain.bodies import FetchLimits
-from ports import SlotProbe, SlotState
+from ports import AsyncSlotProbe, SlotProbe, SlotState
+from ports.transport import CancelSignal
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -43,7 +50,17 @@ TIMEOUT_S = 0.1
 HEADER_BYTES = 16384
 BODY_BYTES = 4 * 1024 * 1024
 LIMITS = FetchLimits(TIMEOUT_S, TIMEOUT_S, BODY_BYTES, 4096)
-BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+BUSY, IDLE, UNAVAILABLE, UNRESPONSIVE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE, SlotState.UNRESPONSIVE
+
+
+class Awaited:
+    """An `AsyncSlotProbe` asked as a `SlotProbe`: each `state` awaited on a loop of its own."""
+
+    def __init__(self, probe: AsyncSlotProbe) -> None:
+        self.probe = probe
+
+    def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
+        return run(self.probe.state(slot, cancel))
 
 
 @dataclass
@@ -76,7 +93,7 @@ def any_probe(request: pytest.FixtureRequest) -> Iterator[ProbeHarness]:
     yield from _harness(request.param)
 
 
-@pytest.fixture(params=["memory", "uds"])
+@pytest.fixture(params=["memory", "uds", "memory-async", "uds-async"])
 def real_probe(request: pytest.FixtureRequest) -> Iterator[ProbeHarness]:
     yield from _harness(request.param)
 
@@ -85,16 +102,27 @@ def _harness(kind: str) -> Iterator[ProbeHarness]:
     if kind == "fake":
         fake = FakeSlotProbe()
         yield ProbeHarness(kind, fake, fake=fake)
-    elif kind == "memory":
+    elif kind.startswith("memory"):
         clock = FakeClock()
-        scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
-        probe = HttpSlotProbe(scripted, clock, LIMITS)
+        if kind.endswith("async"):
+            scripted: ScriptedTransport = AsyncScriptedTransport(clock, header_bytes=HEADER_BYTES)
+            probe: SlotProbe = Awaited(AsyncHttpSlotProbe(scripted, AsyncFakeClock(clock), LIMITS))  # type: ignore[arg-type]
+        else:
+            scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
+            probe = HttpSlotProbe(scripted, clock, LIMITS)
         yield ProbeHarness(kind, probe, routes=scripted, clock=clock)
     else:
         with FakeServer() as server:
-            transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
-            probe = HttpSlotProbe(transport, SystemClock(), LIMITS)
-            yield ProbeHarness(kind, probe, routes=server)
+            yield ProbeHarness(kind, uds_probe(kind, server.socket_path), routes=server)
+
+
+def uds_probe(kind: str, socket_path: str) -> SlotProbe:
+    """The real probe of `kind`'s flavour on a Unix socket."""
+    if kind.endswith("async"):
+        return Awaited(
+            AsyncHttpSlotProbe(AsyncUdsTransport(socket_path, header_bytes=HEADER_BYTES), AsyncSystemClock(), LIMITS)
+        )
+    return HttpSlotProbe(UdsTransport(socket_path, header_bytes=HEADER_BYTES), SystemClock(), LIMITS)
 
 
 # -- every implementation ------------------------------------------------------------------------
@@ -117,7 +145,7 @@ def test_a_negative_slot_is_a_bug(any_probe: ProbeHarness) -> None:
         any_probe.probe.state(-1)
 
 
-# -- the real probe: every server fault is unavailable -------------------------------------------
+# -- the real probe: every server fault is unavailable, silence unresponsive ---------------------
 
 FAULTS: dict[str, RouteItem] = {
     "503 while the model loads": loading(),
@@ -147,29 +175,83 @@ def test_a_refused_connection_is_unavailable(real_probe: ProbeHarness, tmp_path:
         real_probe.routes.refusing = True
         probe = real_probe.probe
     else:
-        transport = UdsTransport(str(tmp_path / "missing.sock"), header_bytes=HEADER_BYTES)
-        probe = HttpSlotProbe(transport, SystemClock(), LIMITS)
+        probe = uds_probe(real_probe.kind, str(tmp_path / "missing.sock"))
     assert probe.state(0) is UNAVAILABLE
 
 
-@pytest.mark.parametrize(
-    "script",
-    [
-        silence(),
-        Reply(head_delay_s=0.5),
-        Reply(headers=[("Content-Length", "50")], pieces=[Piece(0, b"[")], end=End.SILENCE),
-    ],
-    ids=["no head", "a late head", "a body that stops"],
-)
-def test_silence_is_unavailable_within_the_probes_own_timeout(real_probe: ProbeHarness, script: RouteItem) -> None:
+SILENCES: dict[str, RouteItem] = {
+    "no head": silence(),
+    "a late head": Reply(head_delay_s=0.5),
+    "a body that stops": Reply(headers=[("Content-Length", "50")], pieces=[Piece(0, b"[")], end=End.SILENCE),
+    "a head that stops": Raw([Piece(0, b"HTTP/1.1 200 OK\r\nContent-")], End.SILENCE),
+}
+
+
+@pytest.mark.parametrize("script", list(SILENCES.values()), ids=list(SILENCES))
+def test_silence_is_unresponsive_within_the_probes_own_timeout(
+    real_probe: ProbeHarness, script: RouteItem, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It took the connection and answered nothing (paused with SIGSTOP, stuck in a decode).
     real_probe.serve(script)
     start = real_probe.now()
-    assert real_probe.probe.state(0) is UNAVAILABLE
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert real_probe.probe.state(0) is UNRESPONSIVE
     elapsed = real_probe.elapsed(start)
     if real_probe.clock is not None:
         assert elapsed == pytest.approx(TIMEOUT_S)
+        expected = "slot 0: /slots probe: no answer within 100 ms (unresponsive: paused or stuck)"
+        assert [r.getMessage() for r in caplog.records] == [expected]
     else:
         assert TIMEOUT_S * 0.8 <= elapsed < TIMEOUT_S + 1.0
+        (record,) = caplog.records
+        assert re.fullmatch(
+            r"slot 0: /slots probe: no answer within \d+ ms \(unresponsive: paused or stuck\)", record.getMessage()
+        )
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+LOUD_FAULTS: dict[str, tuple[RouteItem, str]] = {
+    "503 while the model loads": (loading(), "slot 0: /slots probe failed (HttpError (HTTP 503))"),
+    "a cut before the head": (Raw((), End.CLOSE), "slot 0: /slots probe failed (StreamClosedEarly: "),
+    "a cut inside the body": (
+        Reply(headers=[("Content-Length", "100")], pieces=[Piece(0, b"[")]),
+        "slot 0: /slots probe failed (StreamClosedEarly: ",
+    ),
+    "garbage": (Raw([Piece(0, b"\x00\x01\x02\r\n\r\n")]), "slot 0: /slots probe failed (ProtocolError)"),
+}
+
+
+@pytest.mark.parametrize("fault", list(LOUD_FAULTS))
+def test_a_server_that_answers_or_cuts_is_unavailable_and_logged_by_its_error_type(
+    real_probe: ProbeHarness, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    script, logged = LOUD_FAULTS[fault]
+    real_probe.serve(script)
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert real_probe.probe.state(0) is UNAVAILABLE
+    (record,) = caplog.records
+    assert record.getMessage().startswith(logged)
+    assert "no answer" not in record.getMessage()
+    assert "Loading model" not in record.getMessage(), "never the server's text"
+
+
+def test_a_refused_connection_is_unavailable_not_unresponsive(
+    real_probe: ProbeHarness, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if isinstance(real_probe.routes, ScriptedTransport):
+        real_probe.routes.refusing = True
+        probe = real_probe.probe
+    else:
+        probe = uds_probe(real_probe.kind, str(tmp_path / "missing.sock"))
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert probe.state(0) is UNAVAILABLE
+    (record,) = caplog.records
+    assert record.getMessage().startswith("slot 0: /slots probe failed (ConnectError: cannot connect to ")
+
+
+def test_a_server_that_falls_silent_then_answers_again_is_followed(real_probe: ProbeHarness) -> None:
+    real_probe.serve(slots_reply([True]), silence(), loading(), slots_reply([False]))
+    assert [real_probe.probe.state(0) for _ in range(4)] == [BUSY, UNRESPONSIVE, UNAVAILABLE, IDLE]
 
 
 def test_each_probe_asks_get_slots_on_its_own_connection_and_closes_it(real_probe: ProbeHarness) -> None:

@@ -30,13 +30,14 @@ from adapters.fake_server import (
     ScriptedTransport,
     error_reply,
     json_reply,
+    loading,
     silence,
     sse_reply,
 )
 from adapters.fake_server.script import RouteSpec
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
-from client_support import CHAT, CONTROL, EXPECT, Kind, overridden
+from client_support import CHAT, CONTROL, EXPECT, SLOTS, Kind, overridden
 from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
@@ -56,6 +57,7 @@ from ports import SlotState
 CID = "chatcmpl-QpnBZIma3eb1YjckyWftUEjfTdO3ZOIS"
 REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
 BUSY, IDLE, UNAVAILABLE = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+UNRESPONSIVE = Waiting(slot_busy=False, unresponsive=True)
 chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)  # this stream has its own id and prompt
 
 
@@ -80,10 +82,17 @@ class Rig:
 @pytest.fixture
 def rig_for(client_kind: Kind) -> Iterator[Callable[..., Rig]]:
     """Build a client from config (the brief's defaults unless given) on the in-memory fakes: the
-    sync `Client` on the blocking fakes, or the `AsyncClient` on their awaited twins."""
+    sync `Client` on the blocking fakes, or the `AsyncClient` on their awaited twins. With
+    `http_probe=True` the container's own `/slots` probe asks the scripted transport (its `GET
+    /slots` route) on the fake clock, and `rig.probe` is never asked."""
 
     def build(
-        routes: dict[tuple[str, str], RouteSpec], *, slot: SlotState = UNAVAILABLE, rng: Any = None, **sections: Any
+        routes: dict[tuple[str, str], RouteSpec],
+        *,
+        slot: SlotState = UNAVAILABLE,
+        rng: Any = None,
+        http_probe: bool = False,
+        **sections: Any,
     ) -> Rig:
         config = parse_config(
             {
@@ -104,6 +113,8 @@ def rig_for(client_kind: Kind) -> Iterator[Callable[..., Rig]]:
             transport = ScriptedTransport(clock, routes, header_bytes=header_bytes)
             probe = FakeSlotProbe(states)
             fakes = {"clock": clock, "transport": transport, "probe": probe}
+        if http_probe:
+            del fakes["async_probe" if client_kind.is_async else "probe"]
         container = make(config, rng=rng or ZeroJitter(), **fakes)
         return Rig(client_kind.client_of(container), clock, transport, probe, [])
 
@@ -191,6 +202,44 @@ def test_never_answering_and_a_flapping_slot_still_end(rig_for: Callable[..., Ri
     # the 30 s grace, while 30 s of busy and 25 s of unavailable time are far from their limits.
     assert rig.events == [Waiting(True), Waiting(False), Waiting(False)] * 5 + [Waiting(True), Waiting(False)]
     assert rig.clock.now() == pytest.approx(85.0)
+
+
+def test_a_server_that_answers_nothing_is_named_unresponsive_at_exactly_load_wait_ms(
+    rig_for: Callable[..., Rig],
+) -> None:
+    # Paused or stuck: it takes every connection and answers none. Each poll is due 5 s after the
+    # one before began and its probe hears nothing for its own 2 s, so 36 polls charge 5 s each.
+    rig = rig_for({CHAT: silence(), SLOTS: silence()}, http_probe=True)
+
+    with pytest.raises(LoadTimeout) as caught:
+        rig.chat()
+
+    assert str(caught.value) == (
+        "slot 1: the server accepted connections but answered nothing for 180000 ms (unresponsive: paused or stuck), "
+        "unavailable for 0 ms; limit 180000 ms for the two together; no data 180000 ms after sending, 36 polls"
+    )
+    assert rig.events == [UNRESPONSIVE] * 36
+    assert rig.clock.now() == pytest.approx(182.0)  # the load budget, then the last probe's 2 s
+    assert rig.probe.asked == []
+    slots = [r for r in rig.transport.requests if r.path == SLOTS[1]]
+    assert len(slots) == 36
+    assert [r.time for r in slots] == pytest.approx([5.0 * n for n in range(1, 37)])
+    assert all(r.closed_at == pytest.approx(r.time + 2.0) for r in slots)
+
+
+def test_a_load_then_a_pause_share_the_load_budget_and_the_message_names_both(rig_for: Callable[..., Rig]) -> None:
+    # Ten polls answered 503 (50 s loading), then silence: 26 polls of 5 s bring the two to 180 s.
+    rig = rig_for({CHAT: silence(), SLOTS: [*[loading()] * 10, silence()]}, http_probe=True)
+
+    with pytest.raises(LoadTimeout) as caught:
+        rig.chat()
+
+    assert str(caught.value) == (
+        "slot 1: the server accepted connections but answered nothing for 130000 ms (unresponsive: paused or stuck), "
+        "unavailable for 50000 ms; limit 180000 ms for the two together; no data 180000 ms after sending, 36 polls"
+    )
+    assert rig.events == [Waiting(False)] * 10 + [UNRESPONSIVE] * 26
+    assert rig.clock.now() == pytest.approx(182.0)
 
 
 # -- liveness ---------------------------------------------------------------------------------------

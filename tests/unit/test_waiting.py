@@ -11,7 +11,7 @@ from domain.events import Waiting
 from domain.waiting import FirstByteWait, Liveness, WaitDecision
 from ports.slot_probe import SlotState
 
-BUSY, IDLE, DOWN = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE
+BUSY, IDLE, DOWN, HUNG = SlotState.BUSY, SlotState.IDLE, SlotState.UNAVAILABLE, SlotState.UNRESPONSIVE
 MS = 0.001
 T0 = 1000.0  # an arbitrary clock origin: nothing assumes time starts at zero
 
@@ -87,6 +87,80 @@ def test_load_timeout_message_names_the_wait() -> None:
     assert "unavailable (loading or restarting) for 150 ms (limit 150 ms)" in str(d.error)
 
 
+# -- unresponsive: charged to the load budget, named apart ------------------------------------
+
+
+def test_unresponsive_keeps_waiting_and_says_so_in_the_event() -> None:
+    (d,) = polls(wait(), (50, HUNG))
+    assert d == WaitDecision(Waiting(slot_busy=False, unresponsive=True))
+    assert Waiting(False, True) == d.event  # positional, as the brief's field comes first
+
+
+@pytest.mark.parametrize(("offset", "fails"), [(149, False), (150, True), (151, True)])
+def test_unresponsive_at_the_load_limit_boundary(offset: float, fails: bool) -> None:
+    (d,) = polls(wait(), (offset, HUNG))
+    assert isinstance(d.error, LoadTimeout) if fails else d.error is None
+    assert d.event == Waiting(slot_busy=False, unresponsive=True)
+
+
+def test_an_unresponsive_load_timeout_says_what_was_seen_and_for_how_long() -> None:
+    out = polls(wait(), (50, HUNG), (100, HUNG), (160, HUNG))
+    assert [d.error for d in out[:2]] == [None, None]
+    assert isinstance(out[2].error, LoadTimeout)
+    assert str(out[2].error) == (
+        "slot 0: the server accepted connections but answered nothing for 160 ms (unresponsive: paused or stuck), "
+        "unavailable for 0 ms; limit 150 ms for the two together; no data 160 ms after sending, 3 polls"
+    )
+
+
+def test_unavailable_and_unresponsive_share_the_load_budget_and_are_named_apart() -> None:
+    # 100 ms refused or loading, then 50 ms of silence: 150 ms of the 150 ms load budget.
+    w = wait()
+    out = polls(w, (50, DOWN), (100, DOWN), (150, HUNG))
+    assert [d.event for d in out] == [Waiting(False), Waiting(False), Waiting(False, unresponsive=True)]
+    assert isinstance(out[2].error, LoadTimeout)
+    assert str(out[2].error).startswith(
+        "slot 0: the server accepted connections but answered nothing for 50 ms (unresponsive: paused or stuck), "
+        "unavailable for 100 ms; limit 150 ms for the two together;"
+    )
+    assert (w.unavailable_s, w.unresponsive_s) == (pytest.approx(0.1), pytest.approx(0.05))
+
+
+def test_a_load_timeout_reached_while_unavailable_after_silence_names_both() -> None:
+    out = polls(wait(), (100, HUNG), (150, DOWN))
+    assert isinstance(out[1].error, LoadTimeout)
+    assert "answered nothing for 100 ms (unresponsive: paused or stuck), unavailable for 50 ms" in str(out[1].error)
+
+
+def test_an_unresponsive_poll_of_no_time_is_still_named() -> None:
+    w = wait()
+    out = [w.on_poll(T0 + 0.15, DOWN), w.on_poll(T0 + 0.1, HUNG)]  # a clock that went back charges nothing
+    assert isinstance(out[0].error, LoadTimeout)
+    assert isinstance(out[1].error, LoadTimeout)
+    assert "answered nothing for 0 ms (unresponsive: paused or stuck), unavailable for 150 ms" in str(out[1].error)
+
+
+def test_the_unresponsive_message_of_a_wait_without_a_slot_number() -> None:
+    w = FirstByteWait(poll_ms=100, busy_wait_ms=1000, load_wait_ms=1000, idle_grace_ms=1000, sent_at=0.0)
+    assert str(w.on_poll(1.0, HUNG).error) == (
+        "the server accepted connections but answered nothing for 1000 ms (unresponsive: paused or stuck), "
+        "unavailable for 0 ms; limit 1000 ms for the two together; no data 1000 ms after sending, 1 polls"
+    )
+
+
+def test_silence_eats_into_neither_the_busy_budget_nor_the_idle_grace() -> None:
+    out = polls(wait(), (149, HUNG), (348, BUSY), (447, IDLE), (448, BUSY))
+    assert [d.error for d in out[:3]] == [None, None, None]
+    assert isinstance(out[3].error, WaitTimeout)  # 199 + 1 ms busy; the 99 ms idle is inside its grace
+
+
+def test_alternating_unresponsive_and_unavailable_ends_at_the_load_limit() -> None:
+    w = wait()
+    out = [w.on_poll(T0 + 0.01 * i, (HUNG, DOWN)[i % 2]) for i in range(1, 16)]
+    assert all(d.error is None for d in out[:-1])
+    assert isinstance(out[-1].error, LoadTimeout)  # 80 + 70 ms: neither alone would have reached 150 ms
+
+
 # -- idle -------------------------------------------------------------------------------------
 
 
@@ -142,7 +216,7 @@ def test_alternating_unavailable_and_idle_cannot_wait_forever() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 80), st.sampled_from([BUSY, IDLE, DOWN])), min_size=1, max_size=200))
+@given(st.lists(st.tuples(st.integers(1, 80), st.sampled_from([BUSY, IDLE, DOWN, HUNG])), min_size=1, max_size=200))
 def test_any_pattern_of_states_ends_within_the_sum_of_the_budgets(steps: list[tuple[int, SlotState]]) -> None:
     w = wait()
     t = 0
@@ -153,7 +227,7 @@ def test_any_pattern_of_states_ends_within_the_sum_of_the_budgets(steps: list[tu
             assert t - interval < 200 + 150 + 100  # the poll before it was still inside the budgets
             return
         assert t < 200 + 150 + 100
-    assert w.busy_s < 0.2 and w.unavailable_s < 0.15 and w.idle_s < 0.1
+    assert w.busy_s < 0.2 and w.unavailable_s + w.unresponsive_s < 0.15 and w.idle_s < 0.1
 
 
 # -- cadence ----------------------------------------------------------------------------------
@@ -241,6 +315,9 @@ def test_liveness_must_be_positive() -> None:
         ([IDLE, IDLE], Stalled),  # 100 ms idle with no byte
         ([DOWN, DOWN, BUSY, BUSY, BUSY, BUSY], WaitTimeout),  # a load, then a queue
         ([BUSY, IDLE, BUSY, IDLE], Stalled),  # idle glimpses add up to the grace
+        ([HUNG, HUNG, HUNG], LoadTimeout),  # 150 ms with no answer to the probe
+        ([DOWN, HUNG, DOWN], LoadTimeout),  # refused, silent, refused: one load budget
+        ([HUNG, HUNG, BUSY, BUSY, BUSY, BUSY], WaitTimeout),  # a pause, then a queue
     ],
 )
 def test_each_path_emits_one_waiting_per_poll_then_fails(states: list[SlotState], error: type[Exception]) -> None:
@@ -253,7 +330,7 @@ def test_each_path_emits_one_waiting_per_poll_then_fails(states: list[SlotState]
         if decision.error is not None:
             failure = decision.error
             break
-    assert seen == [Waiting(slot_busy=s is BUSY) for s in states]
+    assert seen == [Waiting(slot_busy=s is BUSY, unresponsive=s is HUNG) for s in states]
     assert isinstance(failure, error)
 
 

@@ -8,10 +8,12 @@ then the body (or an error body) within `body_wait_s` more, in all, however it t
 `error_body_bytes`. The connection is always closed before returning or raising.
 
 `AsyncHttpSlotProbe` is the `AsyncSlotProbe` port over any transport: `GET /slots` on a
-connection of its own under `ClientLimits.probe()`. Every way of not learning the state
-(refused, 503 while loading, 501 with `--no-slots`, silence, a cut, a malformed or oversized
-body, no entry for the slot) is `SlotState.UNAVAILABLE`, logged at WARNING under
-`inferpath.probe` with `domain.errors.loggable` (no server text); only a negative slot id raises.
+connection of its own under `ClientLimits.probe()`. A server that took the connection and then
+sent no whole answer within those limits (`Stalled`: no head, or a body that stopped) is
+`SlotState.UNRESPONSIVE`, logged as "no answer within N ms"; every other way of not learning the
+state (refused, 503 while loading, 501 with `--no-slots`, a cut, a malformed or oversized body,
+no entry for the slot) is `SlotState.UNAVAILABLE`, logged with `domain.errors.loggable`. Both at
+WARNING under `inferpath.probe`, with no server text; only a negative slot id raises.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
-from domain.errors import HttpError, InferError, loggable
+from domain.errors import HttpError, InferError, Stalled, loggable
 from domain.llama_api import SLOTS_PATH, slot_state, with_model
 from ports.clock import AsyncClock
 from ports.slot_probe import SlotState
@@ -94,10 +96,19 @@ class AsyncHttpSlotProbe:
     async def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
         if slot < 0:
             raise ValueError(f"slot ids are never negative, got {slot}")
+        clock = self._clock
+        started = clock.now()
         try:
-            body = await fetch(self._transport, self._clock, "GET", self._path, None, self._limits, cancel)
+            body = await fetch(self._transport, clock, "GET", self._path, None, self._limits, cancel)
+        except Stalled:
+            # It took the connection and said nothing in time (paused, stuck in a decode).
+            waited_ms = (clock.now() - started) * 1000
+            log.warning(
+                "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)", slot, waited_ms
+            )
+            return SlotState.UNRESPONSIVE
         except InferError as exc:
-            # The server cannot say (refused, loading, silent, malformed): the load budget runs.
+            # The server cannot say (refused, loading, cut, malformed): the load budget runs.
             log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
             return SlotState.UNAVAILABLE
         state = slot_state(body, slot)
