@@ -17,24 +17,13 @@ moves the bytes over the `Exchange` port and hands each result to these objects:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from domain.errors import ProtocolError, Stalled
+from domain.limits import FetchLimits
 from ports.transport import ResponseHead, TimedOut
 
 __all__ = ["ErrorBody", "FetchLimits", "WholeBody", "answered", "promised_length"]
 
 _NO_BODY = (204, 304)
-
-
-@dataclass(frozen=True, slots=True)
-class FetchLimits:
-    """The limits of one small request (built by `domain.limits.ClientLimits`)."""
-
-    head_wait_s: float
-    body_wait_s: float
-    body_bytes: int
-    error_body_bytes: int
 
 
 def answered(head: ResponseHead | TimedOut, method: str, path: str, limits: FetchLimits) -> ResponseHead:

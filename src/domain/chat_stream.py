@@ -41,6 +41,7 @@ from domain.assembler import Assembler
 from domain.completion import Completion
 from domain.errors import InferError, ProtocolError
 from domain.events import ChatEvent, ThinkingCapped
+from domain.limits import StreamLimits
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.thinking import Action, ThinkingCap
 from domain.waiting import Liveness
@@ -72,19 +73,6 @@ def prompt_token_bound(body_len: int, n_ctx: int | None) -> int:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
         return n_ctx
     return PROMPT_TOKENS_PER_BODY_BYTE * body_len + PROMPT_TEMPLATE_TOKENS
-
-
-@dataclass(frozen=True, slots=True)
-class StreamLimits:
-    """What bounds one stream. The defaults live in the config: every field is required but
-    `tool_calls`, whose default (the config's) keeps limits written before it existed working."""
-
-    liveness_ms: int
-    sse_line_bytes: int
-    answer_bytes: int
-    thinking_cap: int
-    thinking_overrun: int
-    tool_calls: int = 128
 
 
 @dataclass(frozen=True, slots=True)

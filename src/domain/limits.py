@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from domain.bodies import FetchLimits
-from domain.chat_stream import StreamLimits
 from domain.waiting import FirstByteWait
 
 __all__ = ["PROBE_TIMEOUT_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
@@ -20,6 +18,28 @@ PROBE_TIMEOUT_S: Final = 2.0
 # Stopping a generation (`DELETE /v1/stream`) is answered at once (measured: 204 within 9 ms) or
 # not at all; a call that ends never waits longer than this for it.
 STOP_WAIT_S: Final = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What bounds one stream (`domain.chat_stream`); every field is required."""
+
+    liveness_ms: int
+    sse_line_bytes: int
+    answer_bytes: int
+    thinking_cap: int
+    thinking_overrun: int
+    tool_calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """The limits of one small request (`domain.bodies`), derived by `ClientLimits`."""
+
+    head_wait_s: float
+    body_wait_s: float
+    body_bytes: int
+    error_body_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

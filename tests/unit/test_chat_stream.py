@@ -18,6 +18,7 @@ def limits(thinking_cap: int = 100, thinking_overrun: int = 0) -> StreamLimits:
         sse_line_bytes=1 << 16,
         answer_bytes=1 << 20,
         thinking_cap=thinking_cap,
+        tool_calls=128,
         thinking_overrun=thinking_overrun,
     )
 
