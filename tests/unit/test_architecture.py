@@ -131,13 +131,68 @@ def test_core_layers_import_no_adapter_app_container_or_network_module(layer: st
     assert offenders == []
 
 
+CALL_MODULES = sorted(
+    [
+        SRC / "app" / "client.py",
+        SRC / "app" / "async_client.py",
+        *(SRC / "app" / "_async").glob("*.py"),
+        *(SRC / "app" / "_sync").glob("*.py"),
+    ]
+)
+
+
 def test_the_client_imports_no_adapter_module() -> None:
     # The data path reads in one direction: the client decides through the domain and reaches
-    # the world only through the ports the container hands it.
+    # the world only through the ports the container hands it. Both flavours of the call, and
+    # the modules that name them, are checked.
+    assert len(CALL_MODULES) >= 6
     offenders = [
-        f"app/client.py:{line}: {module}"
-        for line, module in imported_modules(SRC / "app" / "client.py")
+        f"{path.relative_to(SRC)}:{line}: {module}"
+        for path in CALL_MODULES
+        for line, module in imported_modules(path)
         if module == "adapters" or module.startswith(("adapters.", "app.config", "app.container"))
+    ]
+    assert offenders == []
+
+
+MAX_MODULE_LINES = 350
+
+
+def hand_written(layer: str) -> Iterator[Path]:
+    """The modules of `layer` written by hand: not the blocking twins `scripts/unasync.py` writes."""
+    for path in python_files(SRC / layer):
+        if not path.read_text(encoding="utf-8").startswith("# Generated from "):
+            yield path
+
+
+def test_hand_written_app_and_domain_modules_stay_under_350_lines() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)} ({n} lines)"
+        for layer in ("app", "domain")
+        for path in hand_written(layer)
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) >= MAX_MODULE_LINES
+    ]
+    assert offenders == []
+
+
+def test_the_blocking_twins_are_marked_generated_and_have_their_source() -> None:
+    for twin_dir in (SRC / "app" / "_sync", SRC / "adapters" / "uds_http" / "_sync"):
+        twins = list(twin_dir.glob("*.py"))
+        assert twins, twin_dir
+        for twin in twins:
+            first = twin.read_text(encoding="utf-8").splitlines()[0]
+            source = twin.parent.with_name("_async") / twin.name
+            assert first == f"# Generated from {source.relative_to(SRC.parent)} by scripts/unasync.py: do not edit."
+            assert source.exists()
+
+
+def test_the_domain_holds_no_coroutine() -> None:
+    # Sans-IO: no `async def`, no `await` in the domain; the loops over a port are the call's.
+    offenders = [
+        f"{path.relative_to(SRC)}:{node.lineno}"
+        for path in python_files(SRC / "domain")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.AsyncFunctionDef | ast.Await | ast.AsyncFor | ast.AsyncWith)
     ]
     assert offenders == []
 

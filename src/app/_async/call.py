@@ -32,14 +32,15 @@ import logging
 from collections.abc import AsyncGenerator
 
 from app._async.fetch import error_body, fetch
+from app._async.flight import Flight, Refused
+from app.call_log import log_done
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
-from domain.cache import cache_outcome
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion, Timings
 from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
-from domain.events import Progress, Queued, Retrying, Waiting
+from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
 from domain.limits import ClientLimits
 from domain.llama_api import (
@@ -76,73 +77,6 @@ from ports.transport import AsyncExchange, AsyncTransport, ResponseHead, TimedOu
 __all__ = ["AsyncLlamaCalls"]
 
 log = logging.getLogger("inferpath.client")
-
-
-class _Flight:
-    """One attempt's request in the air: its conversation, the connection it reads, the stream
-    it feeds and the body bytes it consumed; `generating` names the conversation the server may
-    still be generating for (stopped when the attempt ends without its `Completion`)."""
-
-    __slots__ = ("consumed", "conversation", "cut", "exchange", "first", "generating", "started", "stream")
-
-    def __init__(self) -> None:
-        self.conversation: str | None = None
-        self.generating: str | None = None
-        self.exchange: AsyncExchange | None = None
-        self.stream: ChatStream | None = None
-        self.cut: InferError | None = None
-        self.consumed = 0
-        self.started = 0.0
-        self.first = True
-
-    def take_off(self, conversation: str, exchange: AsyncExchange, stream: ChatStream, now: float) -> None:
-        self.conversation = conversation
-        self.exchange = exchange
-        self.stream = stream
-        self.consumed = 0
-        self.started = now
-        self.first = True
-
-    def flying(self) -> tuple[AsyncExchange, ChatStream]:
-        assert self.exchange is not None and self.stream is not None
-        return self.exchange, self.stream
-
-    def broke(self, error: InferError) -> InferError:
-        """The connection broke (or stalled, or a re-attach failed): `error` raised as it is
-        before the head (nothing to pick up), else returned, the connection closed."""
-        if self.stream is None:
-            raise error
-        self.cut = error
-        self.close()
-        return error
-
-    def refused(self) -> InferError:
-        """A re-attach was refused: the break it would have mended, and a fresh start."""
-        assert self.cut is not None
-        self.stream = self.conversation = None
-        return self.cut
-
-    def first_token(self, step: object, now: float) -> None:
-        if self.first and not isinstance(step, Progress):
-            self.first = False
-            log.debug("first token %.0f ms after the head", (now - self.started) * 1000)
-
-    def landed(self) -> None:
-        self.generating = None  # the Completion: nothing to stop
-
-    def close(self) -> None:
-        if self.exchange is not None:
-            self.exchange.close()
-            self.exchange = None
-
-
-class _Refused(Exception):
-    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
-    400: the offset left its ring). Never leaves this module."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"re-attach refused with HTTP {status}")
-        self.status = status
 
 
 class AsyncLlamaCalls:
@@ -218,7 +152,7 @@ class AsyncLlamaCalls:
         slot = req.slot
         clock = self._clock
         ticket = self._queue.enter(slot)
-        flight = _Flight()
+        flight = Flight()
         try:
             if ticket.ahead:
                 async for queued in self._queued(ticket, slot, token):
@@ -241,7 +175,7 @@ class AsyncLlamaCalls:
                     await clock.sleep(event.after_ms / 1000.0, token)
                     token.raise_if_cancelled()
                     continue
-                except _Refused:
+                except Refused:
                     cut = flight.refused()
                     if not resend:
                         raise cut from None
@@ -258,7 +192,7 @@ class AsyncLlamaCalls:
                         raise step
                     elif isinstance(step, Completion):
                         flight.landed()
-                        self._log_done(slot, step)
+                        log_done(self._last_timings, slot, step)
                         yield step
                         return
                     else:
@@ -271,7 +205,7 @@ class AsyncLlamaCalls:
             self._queue.leave(ticket)
 
     async def _send(
-        self, req: ChatRequest, body: bytes, flight: _Flight, token: CancelToken
+        self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
     ) -> AsyncGenerator[Waiting, None]:
         """Send the chat request under a new conversation id and wait for its head, asking
         `/slots` each `poll_ms` (the `Waiting` events); then the flight has its exchange, whose
@@ -307,9 +241,9 @@ class AsyncLlamaCalls:
         stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt, budget_sent=budget)
         flight.take_off(conversation, exchange, stream, clock.now())
 
-    async def _reattach(self, flight: _Flight, token: CancelToken) -> None:
+    async def _reattach(self, flight: Flight, token: CancelToken) -> None:
         """The rest of the body from the bytes the flight consumed, on a new connection;
-        `_Refused` when the server cannot give it (404, 400)."""
+        `Refused` when the server cannot give it (404, 400)."""
         assert flight.conversation is not None and flight.stream is not None
         wait = self._limits.reattach_wait_s
         path = reattach_path(flight.conversation, flight.consumed)
@@ -320,7 +254,7 @@ class AsyncLlamaCalls:
                 raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
             log.debug("re-attach from body byte %d: response head %d", flight.consumed, head.status)
             if head.status in REATTACH_REFUSED:
-                raise _Refused(head.status)
+                raise Refused(head.status)
             await self._check_stream_head(exchange, head)
         except BaseException:
             exchange.close()
@@ -374,24 +308,6 @@ class AsyncLlamaCalls:
         except InferError as exc:
             token.raise_if_cancelled()
             return f"{type(exc).__name__}: {exc}"
-
-    def _log_done(self, slot: int, completion: Completion) -> None:
-        """The debug lines of a finished call, with the cache outcome against the slot's last one."""
-        t = completion.timings
-        log.debug(
-            "slot %d: %s, %d prompt tokens (%d cached), %d predicted, %d reasoning%s",
-            slot,
-            completion.finish_reason.value,
-            t.prompt_n + t.cache_n,
-            t.cache_n,
-            t.predicted_n,
-            completion.reasoning_tokens,
-            ", thinking capped" if completion.thinking_capped else "",
-        )
-        previous = self._last_timings.get(slot)
-        self._last_timings[slot] = t
-        if previous is not None and log.isEnabledFor(logging.DEBUG):
-            log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
 
     # -- the small calls ----------------------------------------------------------------------
 
