@@ -97,12 +97,19 @@ async def test_the_same_request_sends_the_same_bytes_with_both_clients(server: F
     await aio.chat(req, lambda event: None)
 
     first, second = recorded(server, CHAT)
-    assert (second.method, second.target, second.headers, second.body) == (
+
+    def headers(request: RecordedRequest) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in request.headers if k != "x-conversation-id"]
+
+    assert (second.method, second.target, headers(second), second.body) == (
         first.method,
         first.target,
-        first.headers,
+        headers(first),
         first.body,
     )
+    # The one header of its own: each request names a conversation of its own.
+    conversations = {first.header("x-conversation-id"), second.header("x-conversation-id")}
+    assert len(conversations) == 2 and None not in conversations
     assert await aio.render(req) == sync.render(req) == first.body
 
 
@@ -579,4 +586,9 @@ async def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer)
             async for event in s:
                 seen.append(event)
 
-    assert seen == [Reasoning("x")]
+    # The stall is one re-attach (refused by this server: no replay), then the error.
+    reasoning, retrying = seen
+    assert reasoning == Reasoning("x")
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("Stalled: no data for")
+    assert len(recorded(server, ("GET", "/v1/stream"))) == 1

@@ -336,7 +336,12 @@ def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer, clien
     with pytest.raises(InferError, match="liveness limit"), client.stream(REQ) as s:
         seen.extend(s)
 
-    assert seen == [Reasoning("x")]
+    # The stall is one re-attach (refused by this server: no replay), then the error.
+    reasoning, retrying = seen
+    assert reasoning == Reasoning("x")
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("Stalled: no data for")
+    assert len(recorded(server, ("GET", "/v1/stream"))) == 1
 
 
 def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer, client_kind: Kind) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from app.container import Container
 from client_support import Kind
 from domain.completion import FinishReason
 from domain.errors import Stalled
-from domain.events import ChatEvent, Content
+from domain.events import ChatEvent, Content, Retrying
 from domain.messages import ChatRequest, UserMessage
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
@@ -26,7 +27,7 @@ REQ = ChatRequest(slot=0, messages=[UserMessage("Hi")])
 chunk = partial(stream_chunk, cid=CID, prompt_n=3)  # this stream has its own id and prompt
 
 
-def client_for(kind: Kind, server: FakeServer) -> Client:
+def client_for(kind: Kind, server: FakeServer, **sections: Any) -> Client:
     config = parse_config(
         {
             "socket": server.socket_path,
@@ -38,6 +39,7 @@ def client_for(kind: Kind, server: FakeServer) -> Client:
                 "load_wait_ms": 150,
             },
             "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 1},
+            **sections,
         }
     )
     return kind.client_of(Container(config=config))
@@ -62,6 +64,12 @@ def test_silence_before_the_final_chunk_is_still_stalled(server: FakeServer, cli
         "POST", "/v1/chat/completions", sse_reply([chunk({"content": "Hel"}, n=1)], done=False, end=End.SILENCE)
     )
     events: list[ChatEvent] = []
+    retry = {"attempts": 2, "delays_ms": [20], "jitter": 0.0}
     with pytest.raises(Stalled):
-        client_for(client_kind, server).chat(REQ, events.append)
-    assert events == [Content("Hel")]
+        client_for(client_kind, server, retry=retry).chat(REQ, events.append)
+    # A stall mid-answer is a break to pick up: one re-attach (refused here: no replay), then Stalled.
+    content, retrying = events
+    assert content == Content("Hel")
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 20)
+    assert retrying.error.startswith("Stalled: ")
+    assert [r.method for r in server.requests if r.path == "/v1/stream"] == ["GET", "DELETE"]

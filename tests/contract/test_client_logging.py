@@ -57,7 +57,7 @@ def test_a_retry_is_a_warning_naming_the_error(
 
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
-    assert "slot 0: retrying as attempt 2 in 50 ms after HttpError (HTTP 503)" in record.getMessage()
+    assert "slot 0: re-send as attempt 2 in 50 ms after HttpError (HTTP 503)" in record.getMessage()
 
 
 def test_a_failed_probe_is_a_warning_with_its_reason(

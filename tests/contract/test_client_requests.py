@@ -149,7 +149,12 @@ def test_a_cut_stream_is_retried_with_a_byte_identical_body(server: FakeServer, 
     assert events[3:] == ANSWER_EVENTS
     first, second = recorded(server, CHAT)
     assert first.body == second.body
-    assert first.headers == second.headers
+    # The same request under a new conversation id: this server refused the re-attach (no replay).
+    conversation = "x-conversation-id"
+    assert [h for h in first.headers if h[0] != conversation] == [h for h in second.headers if h[0] != conversation]
+    assert first.header(conversation) != second.header(conversation)
+    (reattach,) = recorded(server, ("GET", "/v1/stream"))
+    assert reattach.target.startswith(f"/v1/stream?conv_id={first.header(conversation)}&from=")
 
 
 def test_a_stalled_stream_is_retried(server: FakeServer, client_kind: Kind) -> None:
@@ -253,7 +258,10 @@ def test_a_whole_json_answer_to_a_stream_request_is_a_protocol_error_not_retried
     with pytest.raises(ProtocolError, match="not an event stream"):
         client_kind.client_for(server).chat_with_retry(REQ, lambda event: None)
 
-    assert len(server.requests) == 1
+    (request,) = recorded(server, CHAT)
+    assert [r.target for r in recorded(server, ("DELETE", "/v1/stream"))] == [
+        f"/v1/stream?conv_id={request.header('x-conversation-id')}"
+    ]
 
 
 # -- slot ids ---------------------------------------------------------------------------------------
@@ -346,7 +354,7 @@ def test_an_sse_line_over_its_cap_is_a_protocol_error(server: FakeServer, client
         client_kind.client_for(server, sse_line_bytes=1024).chat(REQ, events.append)
 
     assert events == [Content("Paris")]
-    (request,) = server.requests
+    (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
 
@@ -584,7 +592,13 @@ def test_one_in_flight_and_8_queued_then_busy_at_once_and_queued_counts_down(
     callers.join()
 
     assert isinstance(callers.outcomes[1], StreamClosedEarly)
-    assert callers.logs[1] == ANSWER_EVENTS[:2]
+    # The cut is one re-attach, made with the slot held (refused by this server), then the error.
+    *answered, retrying = callers.logs[1]
+    assert answered == ANSWER_EVENTS[:2]
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("StreamClosedEarly: ")
+    (reattach,) = recorded(server, ("GET", "/v1/stream"))
+    assert reattach.time < recorded(server, CHAT)[1].time, "no caller behind got the slot before it"
     for caller in range(2, 10):
         countdown = [Queued(ahead) for ahead in range(caller - 1, 0, -1)]
         assert callers.logs[caller] == [*countdown, *ANSWER_EVENTS], f"caller {caller}"

@@ -48,7 +48,7 @@ from client_support import (
 )
 from domain.completion import FinishReason
 from domain.errors import HttpError, LoadTimeout, Stalled, StreamClosedEarly, WaitTimeout
-from domain.events import ChatEvent, Content, Progress, Reasoning, Waiting
+from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, Waiting
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
@@ -201,10 +201,16 @@ def test_only_keep_alive_comments_past_liveness_is_stalled(server: FakeServer, f
         client_kind.client_for(server).chat(REQ, events.append)
 
     elapsed = time.monotonic() - started
-    assert events == ([Progress(42, 0, 0)] if lead else [])
-    # Stalled one liveness period after the head or the data event (at 0 or 30 ms), long before
-    # the pings end at 1.5 s: a client whose pings moved the deadline would stall at 1.6 s.
-    assert 0.1 <= elapsed < 0.6
+    # The stall is a break to pick up: one re-attach (refused here: no replay), then the error.
+    *data, retrying = events
+    assert data == ([Progress(42, 0, 0)] if lead else [])
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("Stalled: no data for")
+    assert len(recorded(server, ("GET", "/v1/stream"))) == 1
+    # Stalled one liveness period after the head or the data event (at 0 or 30 ms), then the 50 ms
+    # retry wait and the refused re-attach, long before the pings end at 1.5 s: a client whose
+    # pings moved the deadline would stall at 1.6 s.
+    assert 0.15 <= elapsed < 0.6
     assert recorded(server, SLOTS) == [], "once the head arrived the slot is ours: no /slots poll"
     (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
@@ -218,8 +224,13 @@ def test_silence_after_the_first_event_is_stalled(server: FakeServer, client_kin
     with pytest.raises(Stalled, match="liveness limit 100 ms"):
         client_kind.client_for(server).chat(REQ, events.append)
 
-    assert events == [Content("Par")]
-    assert 0.1 <= time.monotonic() - started < 2.0
+    # One re-attach after the stall (refused here: no replay), after the 50 ms retry wait.
+    content, retrying = events
+    assert content == Content("Par")
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("Stalled: ")
+    assert len(recorded(server, ("GET", "/v1/stream"))) == 1
+    assert 0.15 <= time.monotonic() - started < 2.0
     (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
@@ -262,7 +273,16 @@ def test_a_cut_connection_mid_stream_is_stream_closed_early(server: FakeServer, 
     with pytest.raises(StreamClosedEarly, match="connection closed"):
         client_kind.client_for(server).chat(REQ, events.append)
 
-    assert events == ANSWER_EVENTS[:2]
+    # The cut is one re-attach from the bytes read (refused here: no replay), then the error.
+    *answered, retrying = events
+    assert answered == ANSWER_EVENTS[:2]
+    assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
+    assert retrying.error.startswith("StreamClosedEarly: POST /v1/chat/completions: connection closed")
+    (chat,) = recorded(server, CHAT)
+    (reattach,) = recorded(server, ("GET", "/v1/stream"))
+    offset = sum(len(sse_event(event)) for event in ANSWER[:2])  # the body bytes read
+    assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={offset}"
+    assert reattach.time - chat.time >= 0.05
 
 
 def test_a_clean_close_without_finish_reason_is_stream_closed_early(server: FakeServer, client_kind: Kind) -> None:

@@ -246,7 +246,11 @@ def test_a_load_then_a_pause_share_the_load_budget_and_the_message_names_both(ri
 
 
 def test_silence_after_the_first_event_stalls_after_exactly_liveness_ms(rig_for: Callable[..., Rig]) -> None:
-    rig = rig_for({CHAT: sse_reply(ANSWER[:1], head_delay_s=2.0, delay_s=1.0, done=False, end=End.SILENCE)})
+    # One attempt: the stall is raised as it is, with no re-attach and no retry wait after it.
+    rig = rig_for(
+        {CHAT: sse_reply(ANSWER[:1], head_delay_s=2.0, delay_s=1.0, done=False, end=End.SILENCE)},
+        retry={"attempts": 1, "delays_ms": []},
+    )
 
     with pytest.raises(Stalled, match=r"no data for 30000 ms \(liveness limit 30000 ms\)"):
         rig.chat()
@@ -254,11 +258,17 @@ def test_silence_after_the_first_event_stalls_after_exactly_liveness_ms(rig_for:
     assert rig.events == [Content("Hi")]
     assert rig.clock.now() == pytest.approx(2.0 + 1.0 + 30.0)
     assert rig.probe.asked == [], "no poll once the head arrived"
+    chat, stop = rig.transport.requests
+    assert (chat.method, chat.path) == CHAT
+    assert (stop.method, stop.target) == ("DELETE", f"/v1/stream?conv_id={chat.header('x-conversation-id')}")
 
 
 def test_keep_alive_comments_move_no_deadline(rig_for: Callable[..., Rig]) -> None:
     pings = [b":\n\n"] * 20
-    rig = rig_for({CHAT: sse_reply([ANSWER[0], *pings], delay_s=7.0, done=False, end=End.SILENCE)})
+    rig = rig_for(
+        {CHAT: sse_reply([ANSWER[0], *pings], delay_s=7.0, done=False, end=End.SILENCE)},
+        retry={"attempts": 1, "delays_ms": []},  # the stall as it is: no re-attach, no retry wait
+    )
 
     with pytest.raises(Stalled):
         rig.chat()
@@ -269,9 +279,10 @@ def test_keep_alive_comments_move_no_deadline(rig_for: Callable[..., Rig]) -> No
 
 
 def test_a_long_prompt_reporting_progress_has_no_total_deadline(rig_for: Callable[..., Rig]) -> None:
-    # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer.
+    # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer. The
+    # slot holds the 30000-token prompt (progress past the slot's n_ctx would keep nothing alive).
     batches = [chunk({"role": "assistant", "content": None}, progress=(30_000, 0, 1000 * i)) for i in range(30)]
-    rig = rig_for({CHAT: sse_reply([*batches, *ANSWER], delay_s=20.0)})
+    rig = rig_for({CHAT: sse_reply([*batches, *ANSWER], delay_s=20.0)}, expect={**EXPECT, "n_ctx": 32_768})
 
     completion = rig.chat()
 
@@ -324,34 +335,49 @@ def test_retries_stop_before_a_wait_that_would_pass_five_minutes(rig_for: Callab
     retry = rig.events[36]
     assert isinstance(retry, Retrying) and retry.error.startswith("LoadTimeout: slot 1 was unavailable")
     assert rig.clock.now() == pytest.approx(362.0)
-    assert len(rig.transport.requests) == 2
+    chats = [r for r in rig.transport.requests if (r.method, r.path) == CHAT]
+    assert len(chats) == 2
+    # Each attempt gave up on a request the server may have queued: each is stopped.
+    stops = [r.target for r in rig.transport.requests if r.method == "DELETE"]
+    assert stops == [f"/v1/stream?conv_id={r.header('x-conversation-id')}" for r in chats]
+
+
+STOP = ("DELETE", "/v1/stream")
+REATTACH = ("GET", "/v1/stream")
 
 
 @pytest.mark.parametrize(
-    ("first", "retried"),
+    ("first", "retried", "besides"),
     [
-        (error_reply(503, "Loading model", "unavailable_error"), True),
-        (sse_reply(ANSWER[:1], done=False, end=End.RESET), True),
-        (sse_reply(ANSWER[:1], done=False, end=End.CLOSE), True),
-        (error_reply(400, "exceeds the available context size", "exceed_context_size_error"), False),
-        (error_reply(500, "unknown reasoning_format"), False),
-        (sse_reply([{"choices": "not a list", "id": CID}]), False),
+        # An error answer starts no generation: nothing to stop.
+        (error_reply(503, "Loading model", "unavailable_error"), True, []),
+        # A cut after the head: a re-attach (refused by this server), the generation stopped, then
+        # the request again.
+        (sse_reply(ANSWER[:1], done=False, end=End.RESET), True, [REATTACH, STOP]),
+        # A clean end without the final chunk is no cut: stopped and sent again, not re-attached.
+        (sse_reply(ANSWER[:1], done=False, end=End.CLOSE), True, [STOP]),
+        (error_reply(400, "exceeds the available context size", "exceed_context_size_error"), False, []),
+        (error_reply(500, "unknown reasoning_format"), False, []),
+        (sse_reply([{"choices": "not a list", "id": CID}]), False, [STOP]),
     ],
     ids=["503", "cut", "no-finish", "400", "500", "malformed"],
 )
-def test_what_is_retried(rig_for: Callable[..., Rig], first: Reply, retried: bool) -> None:
+def test_what_is_retried(
+    rig_for: Callable[..., Rig], first: Reply, retried: bool, besides: list[tuple[str, str]]
+) -> None:
     rig = rig_for({CHAT: [first, sse_reply(ANSWER)]})
 
     if retried:
         assert rig.chat(retry=True) == COMPLETION
-        first_body, second_body = (r.body for r in rig.transport.requests)
+        first_body, second_body = (r.body for r in rig.transport.requests if (r.method, r.path) == CHAT)
         assert first_body == second_body == rig.client.render(REQ)
         assert sum(isinstance(e, Retrying) for e in rig.events) == 1
     else:
         with pytest.raises((HttpError, ProtocolError)):
             rig.chat(retry=True)
-        assert len(rig.transport.requests) == 1
         assert not any(isinstance(e, Retrying) for e in rig.events)
+    routes = [(r.method, r.path) for r in rig.transport.requests]
+    assert routes == [CHAT, *besides, *([CHAT] if retried else [])]
 
 
 # -- thinking cap -----------------------------------------------------------------------------------
@@ -384,7 +410,9 @@ def test_reasoning_past_cap_plus_overrun_closes_the_stream(rig_for: Callable[...
 
     assert rig.events[-1] == Reasoning("<4400>")
     assert rig.transport.requests[0].client_closed.is_set()
-    assert [r.path for r in rig.transport.requests] == ["/v1/chat/completions", "/v1/chat/completions/control"]
+    chat, control, stop = rig.transport.requests
+    assert [(r.method, r.path) for r in (chat, control)] == [CHAT, CONTROL]
+    assert (stop.method, stop.target) == ("DELETE", f"/v1/stream?conv_id={chat.header('x-conversation-id')}")
 
 
 def test_thinking_that_ends_before_the_cap_asks_nothing(rig_for: Callable[..., Rig]) -> None:

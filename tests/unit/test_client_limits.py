@@ -62,7 +62,7 @@ def test_a_retry_is_judged_by_the_milliseconds_spent_so_far(
     assert completion.content == "Hi!"
     assert events[0] == Retrying(attempt=2, after_ms=999, error="HttpError: HTTP 503: {}")
     assert [r.getMessage() for r in caplog.records] == [
-        "slot 1: retrying as attempt 2 in 999 ms after HttpError (HTTP 503) "
+        "slot 1: re-send as attempt 2 in 999 ms after HttpError (HTTP 503) "
         "(attempt 2 of 2; at most 999 ms of waits left)"
     ]
 
