@@ -29,7 +29,7 @@ import enum
 from domain.errors import ThinkingOverrun
 
 # The tokens of the end tag the server's budget forces (about 6 for `</think>\n\n`), with room.
-END_TAG_TOKENS = 16
+END_TAG_TOKENS = 8
 
 
 class Action(enum.Enum):

@@ -29,9 +29,9 @@ ROLE = chunk({"role": "assistant", "content": None}, n=0, progress=(42, 0, 42))
 ANSWER = [
     ROLE,
     chunk({"reasoning_content": f"thinking of {MARKER}"}, n=1),
-    chunk({"reasoning_content": f"still {MARKER}"}, n=2),
-    chunk({"content": f"the answer is {MARKER}"}, n=3),
-    chunk(finish="stop", n=3),
+    chunk({"reasoning_content": f"still {MARKER}"}, n=12),  # past the cap and the end tag's tokens
+    chunk({"content": f"the answer is {MARKER}"}, n=13),
+    chunk(finish="stop", n=13),
 ]
 MARKED_ERROR = {"error": {"code": 503, "message": f"busy with {MARKER}", "type": "unavailable_error"}}
 

@@ -68,6 +68,7 @@ from domain.errors import (
 from domain.events import ChatEvent, Content, Progress, Queued, Reasoning, Retrying, ThinkingCapped, ToolCallDelta
 from domain.messages import ChatRequest, ToolCall, ToolSchema
 from domain.request import RequestError
+from domain.thinking import END_TAG_TOKENS
 from transcripts import MISSING, TRANSCRIPTS, Case, case_names, case_params, load_case, request_from
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
@@ -569,7 +570,7 @@ def test_one_in_flight_and_8_queued_then_busy_at_once_and_queued_counts_down(
 ) -> None:
     # The first request fails (cut mid-stream); the eight behind it then run one by one.
     server.route(*CHAT, sse_reply(ANSWER[:2], done=False, end=End.RESET), sse_reply(ANSWER))
-    client = client_kind.client_for(server, liveness_ms=200)
+    client = client_kind.client_for(server, liveness_ms=200, busy_wait_ms=5000)  # queued for as long as it takes
     callers = Callers(client)
 
     callers.start(1)
@@ -760,7 +761,10 @@ def test_the_recorded_forced_end_to_reasoning_replays_with_the_same_control_call
     with FakeServer(
         {CHAT: raw_reply(case.response_raw), CONTROL: raw_reply(case.files["control_response.raw"])}
     ) as server:
-        client, req = _replay(client_kind, case, server.socket_path, thinking_cap=mark)
+        # The request now carries the server's thinking budget (the cap), so the control call is
+        # the fallback for a server that ignored it, posted END_TAG_TOKENS past the cap: a cap
+        # that far below the recorder's mark posts the same call after the same chunk.
+        client, req = _replay(client_kind, case, server.socket_path, thinking_cap=mark - END_TAG_TOKENS)
         events: list[ChatEvent] = []
         completion = client.chat(req, events.append)
         (posted,) = recorded(server, CONTROL)
