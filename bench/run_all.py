@@ -16,6 +16,7 @@ SUITES = [
     ("proxy vs socat vs direct TCP", "proxy_bench"),
     ("SSE decoding vs httpx + httpx-sse", "decode_bench"),
     ("SSE decoding cost by chunking: a long line in 1-byte reads", "sse_cost_bench"),
+    ("the whole client on one-byte HTTP chunks: a long line against short events", "tiny_chunks_bench"),
     ("peak memory of one stream under floods of tool calls and tiny deltas", "memory_bench"),
     ("client CPU per chunk vs openai-python", "client_bench"),
     ("async client vs sync client and AsyncOpenAI; 32 streams on one loop vs 32 threads", "async_bench"),
