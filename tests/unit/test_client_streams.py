@@ -4,50 +4,20 @@ or a retry, and nothing sent for a token cancelled before the call."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeClock, FakeSlotProbe, ScriptedTransport, error_reply, sse_reply
-from adapters.fake_server.script import RouteSpec
-from app.client import Client
-from app.config import parse_config
-from client_support import CHAT, EXPECT, overridden
-from client_support import chunk as stream_chunk
+from adapters.fake_server import error_reply, sse_reply
+from client_support import CHAT
 from domain.cancel import CancelToken
 from domain.completion import FinishReason
 from domain.errors import Cancelled, HttpError
 from domain.events import Content, Retrying
-from domain.messages import ChatRequest, UserMessage
-from ports import SlotState
+from scripted_client import ANSWER, REQ
 
 pytestmark = pytest.mark.timeout(10)
-
-CID = "chatcmpl-client"
-REQ = ChatRequest(slot=1, messages=(UserMessage("hello"),))
-chunk = partial(stream_chunk, cid=CID, cache_n=3, prompt_n=39)
-ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
-
-
-class ZeroJitter:
-    def uniform(self, a: float, b: float) -> float:
-        return 0.0
-
-
-@pytest.fixture
-def client_for() -> Iterator[Callable[..., tuple[Client, ScriptedTransport]]]:
-    def build(routes: dict[tuple[str, str], RouteSpec], **sections: Any) -> tuple[Client, ScriptedTransport]:
-        config = parse_config({"socket": "/fake/llama.sock", "expect": EXPECT, **sections})
-        clock = FakeClock()
-        transport = ScriptedTransport(clock, routes)
-        probe = FakeSlotProbe({REQ.slot: SlotState.IDLE})
-        container = make(config, clock=clock, transport=transport, probe=probe, rng=ZeroJitter())
-        return container.client(), transport
-
-    with overridden() as make:
-        yield build
 
 
 def test_stream_yields_the_events_then_holds_the_completion(client_for: Callable[..., Any]) -> None:
