@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from adapters.fake_server import End, FakeServer, RecordedRequest, Script, json_reply, silence, sse_reply
+from app.calls import CLOSE_WAIT_S
 from app.client import Client
 from client_support import ANSWER, ANSWER_COMPLETION, ANSWER_EVENTS, CHAT, CONTROL, REQ, SLOTS, Kind, chunk, recorded
 from domain.cancel import CancelToken
@@ -276,6 +277,27 @@ def test_a_client_used_as_a_context_manager_is_closed_after_it(server: FakeServe
         client.chat(REQ, lambda event: None)
 
 
+def test_close_waits_at_most_close_wait_s_for_a_stream_its_caller_holds_which_then_raises_client_closed(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
+    client = client_kind.client_for(server, liveness_ms=2000)
+
+    with client.stream(REQ) as s:
+        events = iter(s)
+        assert next(events) == Content("Paris")
+        started = time.monotonic()
+        client.close()  # the call cannot end while its caller holds it between two events
+        waited = time.monotonic() - started
+        (stream,) = recorded(server, CHAT)
+        assert stream.client_closed.wait(1.0), "its connection is shut at once all the same"
+        with pytest.raises(ClientClosed):
+            next(events)
+
+    assert CLOSE_WAIT_S - 0.02 <= waited < CLOSE_WAIT_S + WITHIN_S
+    assert not client._gate.held(0)
+
+
 @pytest.mark.sync_only("builds no client")
 def test_closed_errors_are_cancelled_and_infer_errors() -> None:
     assert issubclass(ClientClosed, Cancelled)
@@ -342,6 +364,21 @@ def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer, clien
     assert isinstance(retrying, Retrying) and (retrying.attempt, retrying.after_ms) == (2, 50)
     assert retrying.error.startswith("Stalled: no data for")
     assert len(recorded(server, ("GET", "/v1/stream"))) == 1
+
+
+def test_a_stream_closed_before_its_first_event_sends_nothing_even_when_iterated_after(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    client = client_kind.client_for(server)
+
+    with client.stream(REQ) as s:
+        s.close()
+        assert list(s) == []
+
+    assert server.requests == []
+    with pytest.raises(RuntimeError, match="no completion"):
+        s.completion  # noqa: B018
 
 
 def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer, client_kind: Kind) -> None:

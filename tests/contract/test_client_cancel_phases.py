@@ -512,7 +512,7 @@ def test_an_on_event_raising_stop_iteration_is_an_error_and_closes_the_connectio
     client = client_kind.client_for(server, liveness_ms=200)
     stop = Stop()
 
-    with pytest.raises(RuntimeError, match="on_event raised StopIteration") as caught:
+    with pytest.raises(RuntimeError, match=r"on_event raised StopIteration on Content$") as caught:
         (client.chat_with_retry if retry else client.chat)(REQ, stop)
 
     assert isinstance(caught.value.__cause__, StopIteration)

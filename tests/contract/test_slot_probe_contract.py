@@ -41,6 +41,7 @@ from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from async_bridge import run
 from domain.bodies import FetchLimits
+from domain.cancel import CancelToken
 from ports import AsyncSlotProbe, SlotProbe, SlotState
 from ports.transport import CancelSignal
 
@@ -141,7 +142,7 @@ def test_a_slot_the_server_does_not_have_is_unavailable(any_probe: ProbeHarness)
 
 
 def test_a_negative_slot_is_a_bug(any_probe: ProbeHarness) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^slot ids are never negative, got -1$"):
         any_probe.probe.state(-1)
 
 
@@ -287,3 +288,52 @@ def test_a_slot_with_full_llama_server_fields_is_read(real_probe: ProbeHarness) 
         )
     )
     assert (real_probe.probe.state(0), real_probe.probe.state(1)) == (BUSY, IDLE)
+
+
+def test_the_real_probe_refuses_a_negative_slot_in_both_flavours(real_probe: ProbeHarness) -> None:
+    with pytest.raises(ValueError, match=r"^slot ids are never negative, got -3$"):
+        real_probe.probe.state(-3)
+    assert real_probe.routes is not None
+    assert real_probe.routes.requests == [], "nothing is asked of the server"
+
+
+def test_a_slot_missing_from_the_answer_is_unavailable_and_logged_so(
+    real_probe: ProbeHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_probe.set_slots([False, False])
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert real_probe.probe.state(2) is UNAVAILABLE
+    assert [r.getMessage() for r in caplog.records] == ["slot 2: /slots answer has no readable entry for this slot"]
+
+
+def test_a_probe_for_a_call_already_cancelled_aborts_its_connection_and_answers_unavailable_at_once(
+    real_probe: ProbeHarness,
+) -> None:
+    real_probe.serve(silence())  # a probe that went on would wait its timeout and be unresponsive
+    token = CancelToken()
+    token.cancel()
+    start = real_probe.now()
+
+    assert real_probe.probe.state(0, token) is UNAVAILABLE
+    assert real_probe.elapsed(start) < TIMEOUT_S
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_unresponsive_warning_names_how_long_the_probe_waited(
+    flavour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(start=1000.0)
+    limits = FetchLimits(1.5, 1.5, BODY_BYTES, 4096)
+    if flavour == "async":
+        scripted: ScriptedTransport = AsyncScriptedTransport(clock, header_bytes=HEADER_BYTES)
+        probe: SlotProbe = Awaited(AsyncHttpSlotProbe(scripted, AsyncFakeClock(clock), limits))  # type: ignore[arg-type]
+    else:
+        scripted = ScriptedTransport(clock, header_bytes=HEADER_BYTES)
+        probe = HttpSlotProbe(scripted, clock, limits)
+    scripted.route("GET", "/slots", silence())
+
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert probe.state(0) is UNRESPONSIVE
+
+    expected = "slot 0: /slots probe: no answer within 1500 ms (unresponsive: paused or stuck)"
+    assert [r.getMessage() for r in caplog.records] == [expected]

@@ -1,11 +1,12 @@
-"""fetch and error_body: what an error answer keeps, and when they stop reading."""
+"""fetch and error_body: what an error answer keeps, and when they stop reading (the blocking
+flavour, and the asyncio one where it differs in what it is given)."""
 
 from __future__ import annotations
 
 import pytest
 
-from adapters.fake_server.memory import FakeClock
-from app.fetch import error_body, fetch
+from adapters.fake_server.memory import AsyncFakeClock, FakeClock
+from app.fetch import error_body, fetch, fetch_async
 from domain.bodies import FetchLimits
 from domain.errors import HttpError, Stalled
 from ports.transport import TIMED_OUT, ResponseHead, TimedOut
@@ -102,6 +103,36 @@ def test_an_error_answer_keeps_its_body_up_to_the_configured_limit_even_past_4_k
     limits = FetchLimits(head_wait_s=1.0, body_wait_s=1.0, body_bytes=100, error_body_bytes=8192)
     with pytest.raises(HttpError) as caught:
         fetch(OneExchangeTransport(exchange), clock, "GET", "/slots", None, limits)
+    assert caught.value.status == 500
+    assert caught.value.body == body.decode()
+    assert exchange.closed
+
+
+class AsyncPiecesExchange(PiecesExchange):
+    """`PiecesExchange` awaited."""
+
+    async def head(self, timeout: float) -> ResponseHead | TimedOut:  # type: ignore[override]
+        return PiecesExchange.head(self, timeout)
+
+    async def read(self, timeout: float) -> bytes | TimedOut:  # type: ignore[override]
+        return PiecesExchange.read(self, timeout)
+
+
+class AsyncOneExchangeTransport(OneExchangeTransport):
+    async def open(  # type: ignore[override]
+        self, method: str, path: str, body: bytes | None = None, *, timeout: float, cancel: object = None
+    ) -> PiecesExchange:
+        return self.exchange
+
+
+@pytest.mark.asyncio
+async def test_an_awaited_error_answer_keeps_its_body_up_to_the_configured_limit_even_past_4_kib() -> None:
+    clock = FakeClock()
+    body = b"x" * 6000
+    exchange = AsyncPiecesExchange(clock, ResponseHead(500), [body])
+    limits = FetchLimits(head_wait_s=1.0, body_wait_s=1.0, body_bytes=100, error_body_bytes=8192)
+    with pytest.raises(HttpError) as caught:
+        await fetch_async(AsyncOneExchangeTransport(exchange), AsyncFakeClock(clock), "GET", "/slots", None, limits)
     assert caught.value.status == 500
     assert caught.value.body == body.decode()
     assert exchange.closed

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
+from domain.errors import Cancelled
 from domain.gate import SlotGate
 
 pytestmark = pytest.mark.timeout(10)
@@ -153,3 +155,40 @@ async def test_async_waiters_move_up_in_order() -> None:
     places = await asyncio.wait_for(asyncio.gather(*waits), 2.0)
 
     assert places == [0, 1]
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_from_another_thread_ends_an_async_wait_at_once() -> None:
+    gate = SlotGate(queue_per_slot=2)
+    holder = gate.enter(0)
+    aio = AsyncSlotQueue(gate)
+    ticket = aio.enter(0)
+    token = CancelToken()
+    threading.Timer(0.05, token.cancel).start()
+    started = time.monotonic()
+
+    with pytest.raises(Cancelled):
+        await asyncio.wait_for(aio.wait(ticket, token, aio.deadline(60.0)), 2.0)
+
+    assert time.monotonic() - started < 0.05 + 0.1
+    assert ticket.wake is None, "the wait stopped watching the slot"
+    aio.leave(ticket)
+    assert gate.waiting(0) == 0
+    gate.leave(holder)
+
+
+@pytest.mark.asyncio
+async def test_a_slot_handed_over_as_the_deadline_passes_is_taken_not_timed_out() -> None:
+    gate = SlotGate(queue_per_slot=2)
+    holder = gate.enter(0)
+    aio = AsyncSlotQueue(gate)
+    ticket = aio.enter(0)
+    # The holder leaves on the loop's next turn, just before the deadline (already due) fires.
+    asyncio.get_running_loop().call_soon(gate.leave, holder)
+
+    ahead = await aio.wait(ticket, CancelToken(), aio.deadline(0.0))
+
+    assert ahead == 0, "the ticket holds the slot it was handed"
+    assert gate.held(0)
+    aio.leave(ticket)
+    assert not gate.held(0)
