@@ -103,14 +103,29 @@ class AsyncSocketStream:
 
     @classmethod
     async def connect(cls, path: str, timeout: float) -> AsyncSocketStream:
-        sock = unix_socket(path)
-        try:
-            sock.setblocking(False)
-            sock.connect(path)  # a Unix socket connects at once or fails at once
-        except (OSError, ValueError) as exc:
-            sock.close()
-            raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, 0.0, path)}") from exc
-        return cls(sock)
+        """A Unix socket connects at once or fails at once, but for a full accept backlog, which
+        a blocking connect waits out: so does this one, retrying within the same limit."""
+        loop = asyncio.get_running_loop()
+        limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+        deadline = loop.time() + limit
+        pause = 0.001
+        while True:
+            sock = unix_socket(path)
+            try:
+                sock.setblocking(False)
+                sock.connect(path)
+            except BlockingIOError as exc:
+                sock.close()
+                left = deadline - loop.time()
+                if left <= 0.0:
+                    raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+                continue
+            except (OSError, ValueError) as exc:
+                sock.close()
+                raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
+            return cls(sock)
 
     async def send_all(self, data: bytes, timeout: float) -> None:
         async with asyncio.timeout(max(timeout, 0.0)):
