@@ -1,4 +1,5 @@
-"""The debug lines of a finished call, the same for both flavours."""
+"""What a call logs, the same for both flavours: the WARNING line of a retry (with its decision)
+and the DEBUG lines of a finished call. No line carries the server's text (`loggable`)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import logging
 
 from domain.cache import cache_outcome
 from domain.completion import Completion, Timings
+from domain.errors import InferError, loggable
+from domain.events import Retrying
+from domain.retry import Attempts
 
-__all__ = ["log_done"]
+__all__ = ["log_done", "retrying"]
 
 log = logging.getLogger("inferpath.client")
 
@@ -30,3 +34,25 @@ def log_done(last_timings: dict[int, Timings], slot: int, completion: Completion
     last_timings[slot] = t
     if previous is not None and log.isEnabledFor(logging.DEBUG):
         log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
+
+
+def retrying(slot: int, attempts: Attempts, error: InferError, now: float, *, offset: int | None = None) -> Retrying:
+    """The `Retrying` event after the running attempt failed with `error` at `now` (logged at
+    WARNING with how long the retries may still wait), or `error` raised if it is not retried.
+    `offset` is where a re-attach will pick the body up, when the next attempt is one."""
+    decision = attempts.next(error, now)
+    if not decision.retry:
+        raise error
+    how = "re-send" if offset is None else f"re-attach from body byte {offset}"
+    log.warning(
+        "slot %d: %s as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
+        slot,
+        how,
+        decision.attempt,
+        decision.after_ms,
+        loggable(error),
+        decision.attempt,
+        attempts.policy.attempts,
+        attempts.waits_left_ms(now),
+    )
+    return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}")

@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator
 
 from app._async.fetch import error_body, fetch
 from app._async.flight import Flight, Refused
-from app.call_log import log_done
+from app.call_log import log_done, retrying
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
@@ -116,39 +116,17 @@ class AsyncLlamaCalls:
         await self._clock.sleep(seconds, token)
 
     def retrying(self, slot: int, attempts: Attempts, error: InferError, *, offset: int | None = None) -> Retrying:
-        """The `Retrying` event after the running attempt failed with `error` (logged at WARNING
-        with how long the retries may still wait), or `error` raised if it is not retried.
-        `offset` is where a re-attach will pick the body up, when the next attempt is one."""
-        now = self._clock.now()
-        decision = attempts.next(error, now)
-        if not decision.retry:
-            raise error
-        how = "re-send" if offset is None else f"re-attach from body byte {offset}"
-        log.warning(
-            "slot %d: %s as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
-            slot,
-            how,
-            decision.attempt,
-            decision.after_ms,
-            loggable(error),
-            decision.attempt,
-            attempts.policy.attempts,
-            attempts.waits_left_ms(now),
-        )
-        return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}")
+        """The `Retrying` event after the running attempt failed with `error`, or `error` raised
+        if it is not retried (`app.call_log.retrying`)."""
+        return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     async def attempt(
         self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool
     ) -> AsyncGenerator[Step, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
-        the request, its head (with its polls), then the stream to its `Completion`.
-
-        A stream cut or stalled after its head is picked up where it broke, sending nothing twice:
-        on a new connection, from the body bytes consumed, into the same `ChatStream`, so the
-        events go on without a repeat; each re-attach is an attempt under the retry schedule, made
-        with the slot still held. Refused (the server forgot the conversation, or the offset left
-        its ring), the request is sent again under a new id if `resend`, else the cut is raised.
-        Every end but the `Completion` stops the generation."""
+        the request, its head (with its polls), then the stream to its `Completion`. A stream cut
+        or stalled after its head is re-attached (`_take_off`) and fed on into the same
+        `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
         slot = req.slot
         clock = self._clock
         ticket = self._queue.enter(slot)
@@ -158,51 +136,80 @@ class AsyncLlamaCalls:
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
             while True:
-                try:
-                    if flight.stream is None:  # a request, under a new id
-                        async for waited in self._send(req, body, flight, token):
-                            yield waited
-                    elif flight.exchange is None:  # a re-attach, from the bytes consumed
-                        await self._reattach(flight, token)
-                    exchange, stream = flight.flying()
-                    data = await exchange.read(stream.timeout(clock.now()))
-                    if isinstance(data, TimedOut):
-                        stream.silence(clock.now())
-                        continue
-                except (StreamClosedEarly, Stalled, ConnectError) as broke:
-                    event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
+                async for event in self._take_off(req, body, flight, attempts, token, resend=resend):
                     yield event
-                    await clock.sleep(event.after_ms / 1000.0, token)
-                    token.raise_if_cancelled()
-                    continue
-                except Refused:
-                    cut = flight.refused()
-                    if not resend:
-                        raise cut from None
-                    if flight.generating is not None:  # a lost offset: it may still be running
-                        await self._stop(flight.generating)
-                    continue
-                flight.consumed += len(data)
-                for step in stream.feed(data, clock.now()):
-                    if isinstance(step, PostReasoningEnd):
-                        refusal = await self._post_reasoning_end(step.completion_id, token)
-                        log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
-                        yield stream.control_answered(refusal)
-                    elif isinstance(step, InferError):
-                        raise step
-                    elif isinstance(step, Completion):
-                        flight.landed()
-                        log_done(self._last_timings, slot, step)
-                        yield step
-                        return
-                    else:
-                        flight.first_token(step, clock.now())
-                        yield step
+                exchange, stream = flight.flying()
+                read = exchange.read
+                now = clock.now
+                consumed = flight.consumed
+                while True:  # the stream, read by read: the hot path
+                    try:
+                        data = await read(stream.timeout(now()))
+                        if isinstance(data, TimedOut):
+                            stream.silence(now())
+                            continue
+                    except (StreamClosedEarly, Stalled) as broke:
+                        flight.consumed = consumed
+                        cut = broke
+                        break
+                    consumed += len(data)
+                    for step in stream.feed(data, now()):
+                        if isinstance(step, PostReasoningEnd):
+                            refusal = await self._post_reasoning_end(step.completion_id, token)
+                            log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
+                            yield stream.control_answered(refusal)
+                        elif isinstance(step, InferError):
+                            raise step
+                        elif isinstance(step, Completion):
+                            flight.landed()
+                            log_done(self._last_timings, slot, step)
+                            yield step
+                            return
+                        else:
+                            if flight.first:
+                                flight.first_token(step, now())
+                            yield step
+                async for retrying in self._after_break(slot, attempts, flight, cut, token):
+                    yield retrying
         finally:
             flight.close()
             if flight.generating is not None:
                 await self._stop(flight.generating)
             self._queue.leave(ticket)
+
+    async def _take_off(
+        self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
+    ) -> AsyncGenerator[Waiting | Retrying, None]:
+        """Until the flight has a connection to read: the request sent under a new id (its
+        `Waiting` events), or a re-attach from the bytes consumed, each failure of the latter a
+        `Retrying` and its wait; a refused re-attach sends the request again if `resend`."""
+        while True:
+            try:
+                if flight.stream is None:  # a request, under a new id
+                    async for waited in self._send(req, body, flight, token):
+                        yield waited
+                elif flight.exchange is None:  # a re-attach, from the bytes consumed
+                    await self._reattach(flight, token)
+                return
+            except (StreamClosedEarly, Stalled, ConnectError) as broke:
+                async for retrying in self._after_break(req.slot, attempts, flight, broke, token):
+                    yield retrying
+            except Refused:
+                cut = flight.refused()
+                if not resend:
+                    raise cut from None
+                if flight.generating is not None:  # a lost offset: it may still be running
+                    await self._stop(flight.generating)
+
+    async def _after_break(
+        self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
+    ) -> AsyncGenerator[Retrying, None]:
+        """The connection broke (or stalled, or a re-attach could not be made): before the head,
+        `broke` is raised; after it, the `Retrying` of the re-attach to come, then its wait."""
+        event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
+        yield event
+        await self._clock.sleep(event.after_ms / 1000.0, token)
+        token.raise_if_cancelled()
 
     async def _send(
         self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
