@@ -13,8 +13,6 @@ the slow steps of every run.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from adapters.fake_server.wire import on_wire
 from app.container import Container
 from client_support import chunk, config_for
 from domain.messages import ChatRequest, UserMessage
+from fake_process import served_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -40,22 +39,9 @@ def socket_path(tmp_path: Path) -> Iterator[str]:
     """A fake server in its own process, serving a 40-token answer, one chunk each 5 ms."""
     pieces = [chunk({"content": f" w{n}"}, n=n) for n in range(1, WORDS + 1)]
     wire = on_wire(sse_reply([*pieces, chunk(finish="stop", n=WORDS)]))
-    raw = tmp_path / "response.raw"
-    raw.write_bytes(b"".join(data for _, data in wire.writes))
-    path = str(tmp_path / "llama.sock")
-    command = [sys.executable, "-m", "adapters.fake_server", "--socket", path, "--transcript", str(raw)]
-    command += ["--delay-ms", str(PIECE_DELAY_MS)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("serving"), line
+    raw = b"".join(data for _, data in wire.writes)
+    with served_raw(tmp_path, raw, "--delay-ms", str(PIECE_DELAY_MS)) as path:
         yield path
-    finally:
-        proc.terminate()
-        proc.wait(5.0)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_several_streams_never_block_a_debug_mode_loop(socket_path: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -90,22 +76,9 @@ def fast_socket_path(tmp_path: Path) -> Iterator[str]:
     """A fake server in its own process, writing a 3000-token answer as fast as it can."""
     pieces = [chunk({"content": f" w{n}"}, n=n) for n in range(1, 3001)]
     wire = on_wire(sse_reply([*pieces, chunk(finish="stop", n=3000)]))
-    raw = tmp_path / "response.raw"
-    raw.write_bytes(b"".join(data for _, data in wire.writes))
-    path = str(tmp_path / "llama.sock")
-    command = [sys.executable, "-m", "adapters.fake_server", "--socket", path, "--transcript", str(raw)]
-    command += ["--piece-bytes", "65536"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("serving"), line
+    raw = b"".join(data for _, data in wire.writes)
+    with served_raw(tmp_path, raw, "--piece-bytes", "65536") as path:
         yield path
-    finally:
-        proc.terminate()
-        proc.wait(5.0)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_answers_that_arrive_faster_than_they_are_parsed_never_block_the_loop(

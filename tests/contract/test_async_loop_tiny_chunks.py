@@ -11,8 +11,6 @@ step that blocked: the scenario runs up to five times and must come out clean on
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from app.container import Container
 from client_support import chunk, config_for
 from domain.messages import ChatRequest, UserMessage
+from fake_process import served_raw
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,22 +42,8 @@ def body_in_one_byte_chunks(text: str) -> bytes:
 
 @pytest.fixture
 def socket_path(tmp_path: Path) -> Iterator[str]:
-    raw = tmp_path / "response.raw"
-    raw.write_bytes(body_in_one_byte_chunks("x" * TEXT_BYTES))
-    path = str(tmp_path / "llama.sock")
-    command = [sys.executable, "-m", "adapters.fake_server", "--socket", path, "--transcript", str(raw)]
-    command += ["--piece-bytes", "65536"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("serving"), line
+    with served_raw(tmp_path, body_in_one_byte_chunks("x" * TEXT_BYTES), "--piece-bytes", "65536") as path:
         yield path
-    finally:
-        proc.terminate()
-        proc.wait(5.0)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def test_a_long_line_in_one_byte_chunks_never_holds_the_loop_over_50_ms(
