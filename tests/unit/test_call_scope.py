@@ -185,8 +185,8 @@ def test_blocking_wait_idle_returns_once_the_last_call_has_ended() -> None:
     calls = Calls()
     token = CancelToken()
     calls.begin(token, None)
+    started = time.monotonic()  # before the timer starts: it ends the call 0.1 s after this at the earliest
     threading.Timer(0.1, calls.end, (token,)).start()
-    started = time.monotonic()
 
     calls.wait_idle(5.0)
 
