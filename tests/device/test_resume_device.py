@@ -10,6 +10,7 @@ CPU's rounding. Over both clients.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from proxy import ProxyProcess
 from relay import Relay
 from test_through_proxy import QUESTION, make_client, nonstream_answer
 
+from app.client import Client
 from client_support import Kind
 from domain.cancel import CancelToken
 from domain.errors import Cancelled
@@ -41,15 +43,14 @@ def contents(events: list[ChatEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, Content))
 
 
-def expected_tokens(server: llama.LlamaServer, client: object, req: ChatRequest) -> int:
-    """How many tokens the server predicts for `req` uncut: its non-stream answer's count."""
-    import json
-
-    body = json.loads(client.render(req))  # type: ignore[attr-defined]
+def uncut_answer(server: llama.LlamaServer, client: Client, req: ChatRequest) -> tuple[str, int]:
+    """The server's own non-stream answer to the very body the client sends (temperature 0): its
+    content and how many tokens it predicted."""
+    body = json.loads(client.render(req))
     body["stream"] = False
     status, answer = server.post_json("/v1/chat/completions", body)
     assert status == 200, answer
-    return int(answer["timings"]["predicted_n"])
+    return str(answer["choices"][0]["message"]["content"]), int(answer["timings"]["predicted_n"])
 
 
 def slot_idle_within(server: llama.LlamaServer, slot: int, limit_s: float) -> float | None:
@@ -71,18 +72,17 @@ def test_a_stream_reset_at_a_random_byte_is_re_attached_and_the_answer_is_exact(
         Relay(tools_server.host, tools_server.port, reset_after=cut) as relay,
         ProxyProcess(f"127.0.0.1:{relay.port}") as proxy,
     ):
-        client = make_client(proxy.socket_path, max_tokens=200, kind=client_kind)
+        client = make_client(proxy.socket_path, max_tokens=120, kind=client_kind)
         events: list[ChatEvent] = []
         completion = client.chat_with_retry(STORY, events.append)
-        expected = nonstream_answer(tools_server, make_client(proxy.socket_path, max_tokens=200), STORY)
-        tokens = expected_tokens(tools_server, client, STORY)
+        expected, tokens = uncut_answer(tools_server, client, STORY)
 
     assert relay.resets == 1, f"the relay reset the stream at byte {cut}"
     posts = [r for r in relay.requests if r.startswith("POST /v1/chat/completions")]
     reattaches = [r for r in relay.requests if r.startswith("GET /v1/stream?conv_id=")]
     assert len(posts) == 1, relay.requests
     assert reattaches and all("&from=" in r for r in reattaches), relay.requests
-    assert completion.content == expected["content"], f"cut at response byte {cut}"
+    assert completion.content == expected, f"cut at response byte {cut}"
     assert contents(events) == completion.content, "no event twice, none lost"
     assert sum(isinstance(e, Retrying) for e in events) == 1
     assert completion.timings.predicted_n == tokens, "the count runs on without a gap: nothing regenerated"
