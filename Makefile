@@ -43,12 +43,13 @@ test: lint typecheck
 # Mutation testing of the domain, the client and the self-test against the unit and contract
 # tiers (not part of `make test`: it takes a while). mutmut works on a copy in ./mutants/, started
 # afresh each time so that it never tests a stale copy of a file edited since; the [tool.mutmut]
-# section of pyproject.toml says what is mutated and which tests run. Then one score per file.
+# section of pyproject.toml says what is mutated, which tests run and the type check (the venv's
+# mypy) that refuses a mutant before any test runs. Then one score per file.
 MUTATION_JOBS ?= 2
 
 mutation: $(STAMP)
 	rm -rf mutants
-	$(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/mutmut run --max-children $(MUTATION_JOBS)
 	$(PY) scripts/mutation_report.py
 
 transcripts: llama-server model

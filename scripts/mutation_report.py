@@ -4,7 +4,8 @@ mutmut 3 keeps one `<source>.py.meta` JSON file per mutated source under `mutant
 exit code of every mutant's test run; it reports per mutant. This prints one row per file:
 killed / total and the percentage, with the survivors and the mutants no test reached counted
 apart. A mutant counts as killed when a test failed on it, it timed out, or the type checker
-refused it; one not checked yet counts against the score.
+refused it (`type_check_command`: those are also counted in the `mypy` column); one not checked
+yet counts against the score.
 
     python scripts/mutation_report.py [--mutants DIR] [--min PERCENT] [--survivors]
 
@@ -81,7 +82,7 @@ def read_scores(mutants: Path) -> list[FileScore]:
 def table(scores: list[FileScore]) -> str:
     width = max([len("file"), *(len(s.path) for s in scores)])
     head = (
-        f"{'file':<{width}}  {'killed':>6} / {'total':<5} {'score':>6}"
+        f"{'file':<{width}}  {'killed':>6} / {'total':<5} {'score':>6}  {'mypy':>5}"
         f"  {'survived':>8}  {'no tests':>8}  {'not run':>7}  {'other':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -91,7 +92,7 @@ def table(scores: list[FileScore]) -> str:
         survived, no_tests, not_run = s.counts["survived"], s.counts["no tests"], s.counts["not checked"]
         other = s.total - s.killed - survived - no_tests - not_run
         lines.append(
-            f"{s.path:<{width}}  {s.killed:>6} / {s.total:<5} {s.percent:>5.1f}%"
+            f"{s.path:<{width}}  {s.killed:>6} / {s.total:<5} {s.percent:>5.1f}%  {s.counts['type check']:>5}"
             f"  {survived:>8}  {no_tests:>8}  {not_run:>7}  {other:>5}"
         )
     return "\n".join(lines)
