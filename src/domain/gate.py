@@ -141,16 +141,13 @@ class SlotGate:
         forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
         try:
             with self._lock:
+                timed_out = False
                 while (ahead := state.moved(ticket)) is None:
                     if cancel is not None and cancel.cancelled:
                         raise cancel.error()
-                    if not state.cond.wait(timeout) and timeout is not None:
-                        ahead = state.moved(ticket)
-                        if ahead is None:
-                            if cancel is not None and cancel.cancelled:
-                                raise cancel.error()
-                            return None
-                        break
+                    if timed_out:
+                        return None
+                    timed_out = not state.cond.wait(timeout) and timeout is not None
                 ticket.ahead = ahead
                 return ahead
         finally:

@@ -220,10 +220,10 @@ class Liveness:
         return Stalled(f"no data for {_ms(self.silence(now))} (liveness limit {_ms(self._limit)})")
 
 
-def gate_timeout(slot: int, waited_s: float, busy_wait_ms: float) -> WaitTimeout:
-    """A caller queued at the local slot gate past `busy_wait_ms`: as long as a slot busy on the
-    server may keep it."""
+def gate_timeout(slot: int, busy_wait_ms: float) -> WaitTimeout:
+    """A caller queued at the local slot gate for all of `busy_wait_ms`: as long as a slot busy on
+    the server may keep it."""
     return WaitTimeout(
-        f"slot {slot} busy with this client's own requests for {_ms(waited_s)} (limit {busy_wait_ms:.0f} ms); "
-        "nothing was sent"
+        f"slot {slot} busy with this client's own requests for {_ms(busy_wait_ms / 1000)} "
+        f"(limit {busy_wait_ms:.0f} ms); nothing was sent"
     )

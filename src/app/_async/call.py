@@ -300,7 +300,7 @@ class AsyncLlamaCalls:
             yield Queued(ahead)
             moved = await queue.wait(ticket, token, deadline)
             if isinstance(moved, TimedOut):
-                raise gate_timeout(slot, self._limits.gate_wait_s, self._limits.busy_wait_ms)
+                raise gate_timeout(slot, self._limits.busy_wait_ms)
             ahead = moved
 
     async def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:

@@ -301,7 +301,7 @@ class LlamaCalls:
             yield Queued(ahead)
             moved = queue.wait(ticket, token, deadline)
             if isinstance(moved, TimedOut):
-                raise gate_timeout(slot, self._limits.gate_wait_s, self._limits.busy_wait_ms)
+                raise gate_timeout(slot, self._limits.busy_wait_ms)
             ahead = moved
 
     def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
