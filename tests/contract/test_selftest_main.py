@@ -1,7 +1,8 @@
 """`python -m app.selftest` as its `main`, against the scripted fake server on a Unix socket: the
 exit code (0 all pass, 1 a check fails, 2 it could not run) and exactly the lines it prints, with
 never a traceback. The server answers each chat by what the request holds (tools: the tool-call
-check; two messages: turn 1 of the cache check; four: turn 2)."""
+check; slot 1: the short request on another slot between the cache turns; two messages: turn 1 of
+the cache check; four: turn 2)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from adapters.fake_server import End, FakeServer, Raw, RecordedRequest, error_reply, json_reply, sse_reply
 from adapters.fake_server.script import Script
-from app import selftest
+from app import selftest, selftest_checks
 from client_support import CHAT, PROPS, ROLE, chunk, recorded
 
 pytestmark = pytest.mark.timeout(10)
@@ -46,6 +47,7 @@ def text_answer(text: str, *, cache_n: int, prompt_n: int, n: int = 6) -> list[d
 TURN1 = text_answer("The sky is blue.", cache_n=3, prompt_n=380)  # leaves 389 tokens in the slot
 HIT = text_answer("Grass is green.", cache_n=388, prompt_n=20)
 MISS = text_answer("Grass is green.", cache_n=3, prompt_n=405)
+OTHER = text_answer("Yes.", cache_n=0, prompt_n=12, n=4)
 
 
 def serve(server: FakeServer, *, turn2: list[dict[str, Any]] = HIT, props: Script | None = None) -> None:
@@ -53,6 +55,8 @@ def serve(server: FakeServer, *, turn2: list[dict[str, Any]] = HIT, props: Scrip
         body = request.json()
         if "tools" in body:
             return sse_reply(TOOL)
+        if body["id_slot"] == 1:
+            return sse_reply(OTHER)
         return sse_reply(TURN1 if len(body["messages"]) == 2 else turn2)
 
     server.route(*PROPS, props or json_reply(PROPS_ANSWER))
@@ -99,11 +103,13 @@ def test_main_exits_0_and_prints_four_ok_lines_when_every_check_passes(
         f"ok   props: chat_template sha256 {TEMPLATE_SHA} == expected, n_ctx 4096 == expected, "
         "total_slots 2 == expected",
         'ok   tool call: get_time({"city": "Paris"}) parsed, finish_reason tool_calls, 156 tokens',
-        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64), 412 tokens",
+        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64) after a request on slot 1, 428 tokens",
     ]
-    assert re.fullmatch(summary(3).replace(r"\d+ tokens", "568 tokens"), lines[3])
+    assert re.fullmatch(summary(3).replace(r"\d+ tokens", "584 tokens"), lines[3])
     assert len(lines) == 4
-    assert [r.json()["max_tokens"] for r in recorded(server, CHAT)] == [selftest.MAX_TOKENS] * 3
+    chats = [r.json() for r in recorded(server, CHAT)]
+    cap, other_cap = selftest_checks.MAX_TOKENS, selftest_checks.OTHER_MAX_TOKENS
+    assert [(body["id_slot"], body["max_tokens"]) for body in chats] == [(0, cap), (0, cap), (1, other_cap), (0, cap)]
 
 
 def test_main_exits_1_when_turn_2_misses_the_cache(
@@ -114,7 +120,12 @@ def test_main_exits_1_when_turn_2_misses_the_cache(
     code, lines, _ = run_main(config_file(tmp_path, server.socket_path), capsys)
 
     assert code == 1
-    assert lines[2] == "FAIL cache: turn 2 reused 3 of 389 tokens (loss limit 64), 797 tokens"
+    assert lines[2] == (
+        "FAIL cache: turn 2 reused 3 of 389 tokens (loss limit 64) after a request on slot 1, 813 tokens; "
+        "likely cause: the server empties idle slots whenever another slot starts a task, as it does with a "
+        "unified KV cache (started without -np, or with --kv-unified; its per-slot n_ctx in /props is then the "
+        "whole -c); start it with -np N --no-kv-unified"
+    )
     assert re.fullmatch(summary(2), lines[3])
 
 

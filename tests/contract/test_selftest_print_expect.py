@@ -14,6 +14,7 @@ from adapters.fake_server import FakeServer, json_reply
 from app import selftest
 from app.config import parse_config
 from app.container import Container
+from app.selftest_checks import Target, check_props
 from client_support import PROPS
 
 pytestmark = pytest.mark.timeout(10)
@@ -53,7 +54,7 @@ def test_the_printed_block_appended_to_the_config_passes_the_props_check(
         handle.write(capsys.readouterr().out)
 
     config = parse_config(tomllib.loads(path.read_text()))
-    result = selftest.check_props(Container(config=config).client(), config)
+    result = check_props(Target(Container(config=config).client(), config))
 
     assert result.ok, result.detail
     assert config.expect is not None and config.expect.total_slots == 2

@@ -1,4 +1,6 @@
-"""`python -m app.selftest` through a real inferproxy against the real llama-server."""
+"""`python -m app.selftest` through a real inferproxy against the real llama-server: all three
+checks pass against the server the config describes, and the cache check fails, naming the cause
+and the flags, against one started with a unified KV cache."""
 
 from __future__ import annotations
 
@@ -26,11 +28,13 @@ def proxy(tools_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
         yield running
 
 
-def write_config(path: Path, socket_path: str, *, sha: str | None, extra: str = "") -> Path:
+def write_config(
+    path: Path, socket_path: str, *, sha: str | None, extra: str = "", n_ctx: int = llama.SLOT_CONTEXT
+) -> Path:
     expect = (
         ""
         if sha is None
-        else (f'[expect]\nchat_template_sha256 = "{sha}"\nn_ctx = {llama.SLOT_CONTEXT}\ntotal_slots = {llama.SLOTS}\n')
+        else (f'[expect]\nchat_template_sha256 = "{sha}"\nn_ctx = {n_ctx}\ntotal_slots = {llama.SLOTS}\n')
     )
     prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     path.write_text(
@@ -79,6 +83,7 @@ def test_selftest_passes_all_three_checks_against_the_server_it_describes(
     assert lines[0].startswith("ok   props:")
     assert lines[1].startswith("ok   tool call: get_time(")
     assert lines[2].startswith("ok   cache: turn 2 reused")
+    assert "after a request on slot 1" in lines[2] and "likely cause" not in lines[2]
     assert "3/3 checks passed" in lines[3]
     # Turn 1 is long enough that a miss would show: more than twice the loss limit in the slot.
     cached, left = cache_figures(lines[2])
@@ -126,3 +131,32 @@ def test_selftest_against_a_dead_socket_fails_within_the_configured_waits(tmp_pa
     assert lines[0].startswith("FAIL props: ConnectError") and dead in lines[0]
     assert lines[1].startswith("FAIL tool call: not run")
     assert seconds < 30
+
+
+def test_selftest_fails_the_cache_check_naming_the_cause_against_a_server_with_a_unified_kv_cache(
+    tmp_path: Path,
+) -> None:
+    # `--kv-unified` after the preset's `--no-kv-unified` wins: one KV buffer for both slots, and
+    # every idle slot is emptied (saved to the RAM cache) when another slot starts a task.
+    with (
+        llama.start_server("tools", extra_args=("--kv-unified",)) as server,
+        ProxyProcess(f"{server.host}:{server.port}") as proxy,
+    ):
+        _, props = server.get_json("/props")
+        assert props["default_generation_settings"]["n_ctx"] == llama.CONTEXT  # the tell: the whole -c per slot
+        assert props["total_slots"] == llama.SLOTS
+        config = write_config(
+            tmp_path / "unified.toml", proxy.socket_path, sha=template_sha(server), n_ctx=llama.CONTEXT
+        )
+        code, lines, _ = run_selftest(config)
+    assert code == 1, "\n".join(lines)
+    assert lines[0].startswith("ok   props:")
+    assert lines[1].startswith("ok   tool call:")
+    assert lines[2].startswith("FAIL cache: turn 2 reused "), lines[2]
+    assert "after a request on slot 1" in lines[2]
+    cached, left = cache_figures(lines[2])
+    assert left - cached > CACHE_LOSS_TOKENS
+    assert "a unified KV cache (started without -np, or with --kv-unified" in lines[2]
+    assert lines[2].endswith("start it with -np N --no-kv-unified")
+    assert lines[3].startswith("FAIL selftest: 2/3")
+    print(lines[2])

@@ -1,8 +1,9 @@
 """The self-test's verdicts on the in-memory fakes: every way each of the three checks fails, all
 three passing, a server that cannot be reached, errors of any kind as one `FAIL` line, and
 `main`'s exit code 2 for what cannot run. No sockets: the server is a `ScriptedTransport` that
-answers each chat by what the request holds (tools: the tool-call check; two messages: turn 1;
-four: turn 2), on a `FakeClock`, so a retry's wait costs no real time.
+answers each chat by what the request holds (tools: the tool-call check; slot 1: the request on
+another slot between the cache turns; two messages: turn 1; four: turn 2), on a `FakeClock`, so a
+retry's wait costs no real time.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from adapters.fake_server.script import Script
 from app import selftest
 from app.config import Config, ConfigError, parse_config
 from app.container import Container
-from app.selftest import MAX_TOKENS, SYSTEM, TURN1_PROMPT, TURN2_PROMPT, Report, cache_check_floor, run
+from app.selftest import Report, run
+from app.selftest_checks import (
+    MAX_TOKENS,
+    OTHER_MAX_TOKENS,
+    OTHER_PROMPT,
+    SYSTEM,
+    TURN1_PROMPT,
+    TURN2_PROMPT,
+    cache_check_floor,
+)
 from client_support import CHAT, PROPS, ROLE, chunk, overridden
 from domain.request import RequestError
 
@@ -68,6 +78,14 @@ def text_answer(text: str, *, cache_n: int, prompt_n: int, n: int = 6) -> list[d
 # Turn 1 leaves 3 + 380 + 6 = 389 tokens in the slot; turn 2 finds 388 of them cached.
 TURN1 = text_answer("The sky is blue.", cache_n=3, prompt_n=380)
 TURN2 = text_answer("Grass is green.", cache_n=388, prompt_n=20)
+# The request on slot 1 between the turns: 12 tokens in, 4 out.
+OTHER = text_answer("Yes.", cache_n=0, prompt_n=12, n=4)
+# What a cache loss after that request adds to the cache check's line.
+UNIFIED_HINT = (
+    "; likely cause: the server empties idle slots whenever another slot starts a task, as it does "
+    "with a unified KV cache (started without -np, or with --kv-unified; its per-slot n_ctx in "
+    "/props is then the whole -c); start it with -np N --no-kv-unified"
+)
 
 
 @dataclass
@@ -78,6 +96,7 @@ class Server:
     tool: list[dict[str, Any]] = field(default_factory=tool_answer)
     turn1: list[dict[str, Any]] = field(default_factory=lambda: TURN1)
     turn2: list[dict[str, Any]] = field(default_factory=lambda: TURN2)
+    other: list[dict[str, Any]] | BaseException = field(default_factory=lambda: OTHER)
 
     def answer_props(self, request: RecordedRequest) -> Script:
         if isinstance(self.props, BaseException):
@@ -88,6 +107,10 @@ class Server:
         body = request.json()
         if "tools" in body:
             return sse_reply(self.tool)
+        if body["id_slot"] == 1:
+            if isinstance(self.other, BaseException):
+                raise self.other
+            return sse_reply(self.other)
         return sse_reply(self.turn1 if len(body["messages"]) == 2 else self.turn2)
 
 
@@ -99,6 +122,10 @@ class Outcome:
 
     def chats(self) -> list[dict[str, Any]]:
         return [r.json() for r in self.transport.requests if (r.method, r.path) == CHAT]
+
+    def chat_slots(self) -> list[int]:
+        """The slot of each chat, in the order sent."""
+        return [body["id_slot"] for body in self.chats()]
 
 
 @pytest.fixture
@@ -142,18 +169,18 @@ def test_all_three_checks_pass_against_the_server_the_config_describes(selftest_
         f"ok   props: chat_template sha256 {TEMPLATE_SHA} == expected, n_ctx 4096 == expected, "
         "total_slots 2 == expected",
         'ok   tool call: get_time({"city": "Paris"}) parsed, finish_reason tool_calls, 156 tokens',
-        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64), 412 tokens",
+        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64) after a request on slot 1, 428 tokens",
     ]
-    assert outcome.report.tokens == 156 + 386 + 26
+    assert outcome.report.tokens == 156 + 386 + 16 + 26
     assert_summary(outcome, 3)
 
 
 def test_the_checks_send_capped_answers_and_turn_2_replays_turn_1(selftest_on: Callable[..., Outcome]) -> None:
     outcome = selftest_on(Server())
 
-    tool, turn1, turn2 = outcome.chats()
-    assert [body["max_tokens"] for body in (tool, turn1, turn2)] == [MAX_TOKENS] * 3
-    assert [body["id_slot"] for body in (tool, turn1, turn2)] == [0, 0, 0]
+    tool, turn1, other, turn2 = outcome.chats()
+    assert [body["max_tokens"] for body in (tool, turn1, other, turn2)] == [MAX_TOKENS, MAX_TOKENS, 4, MAX_TOKENS]
+    assert [body["id_slot"] for body in (tool, turn1, other, turn2)] == [0, 0, 1, 0]
     assert tool["tool_choice"] == "required"
     assert turn1["messages"] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TURN1_PROMPT}]
     assert turn2["messages"][:2] == turn1["messages"]
@@ -279,9 +306,10 @@ def test_tool_call_fails_when_finish_reason_is_not_tool_calls(selftest_on: Calla
 def test_cache_fails_when_turn_2_reused_too_little(selftest_on: Callable[..., Outcome], cached: int) -> None:
     outcome = selftest_on(Server(turn2=text_answer("Grass is green.", cache_n=cached, prompt_n=405 - cached)))
 
-    tokens = 386 + (405 - cached) + 6
+    tokens = 386 + 16 + (405 - cached) + 6
     assert check_lines(outcome)[2] == (
-        f"FAIL cache: turn 2 reused {cached} of 389 tokens (loss limit 64), {tokens} tokens"
+        f"FAIL cache: turn 2 reused {cached} of 389 tokens (loss limit 64) after a request on slot 1, "
+        f"{tokens} tokens" + UNIFIED_HINT
     )
     assert_summary(outcome, 2)
 
@@ -303,7 +331,7 @@ def test_cache_fails_when_turn_1_left_too_few_tokens_for_the_check_to_mean_anyth
         "FAIL cache: turn 1 left only 56 tokens in the slot, too few for the check to mean anything: "
         "it needs more than 128 (twice the loss limit 64), or a turn 2 that reused half of them would pass"
     )
-    assert len(outcome.chats()) == 2  # turn 2 is not sent: it would prove nothing
+    assert len(outcome.chats()) == 2  # neither the other slot's request nor turn 2: they would prove nothing
     assert outcome.report.results[2].tokens == 56
     assert_summary(outcome, 2)
 
@@ -330,6 +358,137 @@ def test_the_floor_follows_the_configured_loss_limit(selftest_on: Callable[..., 
         "FAIL cache: turn 1 left only 389 tokens in the slot, too few for the check to mean anything: "
         "it needs more than 400 (twice the loss limit 200)"
     )
+
+
+# -- cache: the request on another slot between the turns -------------------------------------------
+
+ONE_SLOT = {"props": json_reply({**PROPS_ANSWER, "total_slots": 1})}
+
+
+def test_a_short_request_on_slot_1_runs_between_the_two_turns_on_slot_0(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server())
+
+    assert outcome.chat_slots() == [0, 0, 1, 0]  # the tool check, turn 1, the other slot, turn 2
+    other = outcome.chats()[2]
+    assert other["messages"] == [{"role": "user", "content": OTHER_PROMPT}]
+    assert other["max_tokens"] == OTHER_MAX_TOKENS
+    assert other["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "tools" not in other
+
+
+def test_a_cache_loss_after_the_other_slots_request_names_the_unified_cache_and_the_flags(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    # A unified KV cache: slot 1 starting a task emptied slot 0, so turn 2 prefills everything.
+    outcome = selftest_on(Server(turn2=text_answer("Grass is green.", cache_n=0, prompt_n=405)))
+
+    assert check_lines(outcome)[2] == (
+        "FAIL cache: turn 2 reused 0 of 389 tokens (loss limit 64) after a request on slot 1, 813 tokens" + UNIFIED_HINT
+    )
+    assert "-np N --no-kv-unified" in outcome.lines[2]
+    assert outcome.report.results[2].tokens == 386 + 16 + 405 + 6
+    assert_summary(outcome, 2)
+
+
+def test_a_hit_after_the_other_slots_request_carries_no_hint(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server())
+
+    assert "likely cause" not in outcome.lines[2]
+    assert "kv-unified" not in outcome.lines[2]
+
+
+def test_on_a_server_of_one_slot_the_other_slots_request_is_skipped_and_the_line_says_so(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    outcome = selftest_on(Server(**ONE_SLOT), expect={**EXPECT, "total_slots": 1})
+
+    assert outcome.chat_slots() == [0, 0, 0]
+    assert check_lines(outcome)[2] == (
+        "ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64; one slot, so no request on another slot), "
+        "412 tokens"
+    )
+    assert_summary(outcome, 3)
+
+
+def test_a_cache_loss_on_one_slot_does_not_blame_a_unified_cache(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(
+        Server(turn2=text_answer("Grass is green.", cache_n=0, prompt_n=405), **ONE_SLOT),
+        expect={**EXPECT, "total_slots": 1},
+    )
+
+    assert check_lines(outcome)[2] == (
+        "FAIL cache: turn 2 reused 0 of 389 tokens (loss limit 64; one slot, so no request on another slot), 797 tokens"
+    )
+
+
+@pytest.mark.parametrize(
+    ("other", "error"),
+    [
+        (
+            [chunk(ROLE, n=0), {"error": {"code": 500, "message": "slot 1 is gone", "type": "server_error"}}],
+            "HttpError",
+        ),
+        (RuntimeError("no slot 1 here"), "RuntimeError"),
+    ],
+    ids=["error-in-stream", "raised"],
+)
+def test_a_failing_request_on_the_other_slot_fails_the_cache_check_naming_that_step(
+    selftest_on: Callable[..., Outcome], other: Any, error: str
+) -> None:
+    outcome = selftest_on(Server(other=other))
+
+    line = check_lines(outcome)[2]
+    assert line.startswith(
+        f"FAIL cache: the request on slot 1 between the two turns failed, so turn 2 was not sent: {error}: "
+    ), line
+    assert ("slot 1 is gone" if error == "HttpError" else "no slot 1 here") in line
+    assert outcome.chat_slots() == [0, 0, 1]  # turn 2 is not sent
+    assert outcome.report.results[2].tokens == 386  # turn 1's
+    assert_summary(outcome, 2)
+
+
+@dataclass
+class OneSlotOnSecondAsk(Server):
+    """A `/props` that answers `first` (or raises it) once, then says the server has one slot."""
+
+    first: Script | BaseException = field(default_factory=lambda: json_reply(PROPS_ANSWER))
+    asked: int = 0
+
+    def answer_props(self, request: RecordedRequest) -> Script:
+        self.asked += 1
+        if self.asked > 1:
+            return json_reply({**PROPS_ANSWER, "total_slots": 1})
+        if isinstance(self.first, BaseException):
+            raise self.first
+        return self.first
+
+
+def test_the_cache_check_takes_the_slot_count_from_check_1s_props(selftest_on: Callable[..., Outcome]) -> None:
+    # Asked again, /props would say one slot: the request on slot 1 still runs, so check 1's
+    # answer (two slots) is the one used.
+    outcome = selftest_on(OneSlotOnSecondAsk())
+
+    assert outcome.chat_slots() == [0, 0, 1, 0]
+    assert outcome.lines[2].startswith("ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64) after a request")
+
+
+def test_the_cache_check_asks_props_itself_when_check_1_could_not_read_it(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(OneSlotOnSecondAsk(first=RuntimeError("props not ready")))
+
+    assert outcome.lines[0].startswith("FAIL props: RuntimeError: props not ready")
+    # The server's own answer (one slot) rules, not the config's [expect] (two).
+    assert outcome.chat_slots() == [0, 0, 0]
+    assert "one slot, so no request on another slot" in outcome.lines[2]
+
+
+def test_when_props_cannot_be_read_at_all_the_slot_count_comes_from_expect(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    outcome = selftest_on(Server(props=RuntimeError("props broken")))
+
+    assert outcome.lines[0].startswith("FAIL props: RuntimeError: props broken")
+    assert outcome.chat_slots() == [0, 0, 1, 0]  # [expect] says two slots
+    assert outcome.lines[2].startswith("ok   cache: turn 2 reused 388 of 389 tokens (loss limit 64) after a request")
 
 
 # -- a server that cannot be reached, and errors of any kind ---------------------------------------
@@ -504,6 +663,7 @@ def test_the_tool_check_asks_without_thinking_and_both_cache_turns_with_thinking
     assert [body["chat_template_kwargs"] for body in outcome.chats()] == [
         {"enable_thinking": False},
         {"enable_thinking": True},
+        {"enable_thinking": False},  # the request on the other slot: a few tokens, no thinking
         {"enable_thinking": True},
     ]
 
@@ -522,7 +682,7 @@ def test_turn_2_replays_turn_1s_reasoning_and_tool_calls(selftest_on: Callable[.
         prompt_n=380,
     )
     outcome = selftest_on(Server(turn1=turn1))
-    replay = outcome.chats()[2]["messages"][2]
+    replay = outcome.chats()[3]["messages"][2]
     assert replay == {
         "role": "assistant",
         "content": "The sky is blue.",
