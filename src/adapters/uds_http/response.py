@@ -21,11 +21,17 @@ Invariants:
   `ProtocolError`; EOF inside a body is `StreamClosedEarly` saying where (the body reader's).
 - A head that was refused (too big, ambiguous framing) stays refused.
 - Nothing here reads a clock or a socket.
+- A request is rendered without h11 when its method, target and extra headers pass the same
+  checks h11 makes and no extra header is one h11 treats specially (`Host`, `Content-Length`,
+  `Transfer-Encoding`): the bytes are then exactly h11's. Anything else goes through h11 itself.
+  The h11 connection that parses the response is made only when the parser first needs it,
+  after the request was written, so its set-up is no part of the time to the first byte.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 from dataclasses import dataclass
 
 import h11
@@ -35,21 +41,38 @@ from domain.errors import ProtocolError, Stalled, StreamClosedEarly
 from ports.transport import ResponseHead
 
 _NEED_DATA = h11.NEED_DATA
+# h11's own grammar (`h11._abnf`): a method and a header name are tokens, a target is visible
+# ASCII, a header value is field-content (no NUL, CR or LF, no whitespace at either end).
+_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_TARGET = re.compile(r"[\x21-\x7e]+")
+_VALUE = re.compile(r"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?", re.ASCII)
+_SPECIAL = frozenset({"host", "content-length", "transfer-encoding"})
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """A request rendered by h11, ready to send; `conn` then parses its response's head."""
+    """A request rendered, ready to send; `connection()` then gives the h11 connection that
+    parses its response's head."""
 
     method: str
     path: str
     data: bytes
-    conn: h11.Connection
     header_bytes: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes | None
+    conn: h11.Connection | None = None  # h11's, when it rendered the request itself
 
     @property
     def what(self) -> str:
         return f"{self.method} {self.path}"
+
+    def connection(self) -> h11.Connection:
+        """An h11 client connection that has sent this request, ready to read the response."""
+        if self.conn is not None:
+            return self.conn
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.header_bytes)
+        _send_with_h11(conn, self.method, self.path, self.headers, self.body)
+        return conn
 
 
 def render(
@@ -57,29 +80,54 @@ def render(
 ) -> Request:
     """The request's bytes (`Host`, the `extra` headers, a JSON body's type and length,
     `Connection: close`). A malformed method, path or header is the caller's bug: `ValueError`."""
-    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
     headers = [("Host", "localhost"), *extra]
     if body is not None:
         headers.append(("Content-Type", "application/json"))
         headers.append(("Content-Length", str(len(body))))
     headers.append(("Connection", "close"))
+    fields = tuple(headers)
+    if _plain(method, path, extra):
+        lines = [f"{method} {path} HTTP/1.1\r\n", *(f"{name}: {value}\r\n" for name, value in fields), "\r\n"]
+        head = "".join(lines).encode("ascii")
+        return Request(method, path, head + body if body else head, header_bytes, fields, body)
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
+    data = _send_with_h11(conn, method, path, fields, body)
+    return Request(method, path, data, header_bytes, fields, body, conn)
+
+
+def _plain(method: str, path: str, extra: tuple[tuple[str, str], ...]) -> bool:
+    """Whether h11 would send these as they are, with nothing to refuse or rewrite."""
+    if not (method.isascii() and path.isascii() and _TOKEN.fullmatch(method) and _TARGET.fullmatch(path)):
+        return False
+    for name, value in extra:
+        if not (isinstance(name, str) and isinstance(value, str) and name.isascii() and value.isascii()):
+            return False
+        if not (_TOKEN.fullmatch(name) and _VALUE.fullmatch(value)) or name.lower() in _SPECIAL:
+            return False
+    return True
+
+
+def _send_with_h11(
+    conn: h11.Connection, method: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes | None
+) -> bytes:
     try:
-        out = conn.send(h11.Request(method=method, target=path, headers=headers))
+        out = conn.send(h11.Request(method=method, target=path, headers=list(headers)))
         if body:
             out += conn.send(h11.Data(data=body))
         out += conn.send(h11.EndOfMessage())
     except h11.LocalProtocolError as exc:
         raise ValueError(f"cannot send {method!r} {path!r}: {exc}") from exc
-    return Request(method, path, bytes(out), conn, header_bytes)
+    return bytes(out)
 
 
 class ResponseParser:
     """The response to `request` (see the module for the driving protocol)."""
 
-    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "body", "eof", "head", "what")
+    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "_request", "body", "eof", "head", "what")
 
     def __init__(self, request: Request) -> None:
-        self._conn: h11.Connection | None = request.conn  # only until the head is parsed
+        self._request: Request | None = request  # until its h11 connection is made
+        self._conn: h11.Connection | None = None  # only until the head is parsed
         self._method = request.method.upper()
         self._header_bytes = request.header_bytes
         self._fed = 0  # bytes handed to h11 while reading the head
@@ -101,7 +149,7 @@ class ResponseParser:
             else:
                 body.eof()
             return
-        conn = self._conn
+        conn = self._conn if self._request is None else self._connect()
         if conn is None:  # pragma: no cover - `next_head` refuses first
             raise ProtocolError(f"{self.what}: response head already refused")
         self._fed += len(data)
@@ -111,7 +159,7 @@ class ResponseParser:
         """The status and headers once they are complete; None while more bytes are needed."""
         if self.head is not None:
             return self.head
-        conn = self._conn
+        conn = self._conn if self._request is None else self._connect()
         if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
             raise ProtocolError(f"{self.what}: response head already refused")
         while True:
@@ -125,6 +173,12 @@ class ResponseParser:
                 return self._take_head(event)
             if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
                 raise ProtocolError(f"{self.what}: unexpected {type(event).__name__} before the head")
+
+    def _connect(self) -> h11.Connection:
+        assert self._request is not None
+        conn = self._conn = self._request.connection()
+        self._request = None
+        return conn
 
     # -- the wording of failures ------------------------------------------------------------------
 
