@@ -138,8 +138,9 @@ def live_threads() -> tuple[int, int]:
 
 
 def join_connection_threads() -> None:
+    # The spare's threads wait for the next client, before and after alike: they are not joined.
     for thread in threading.enumerate():
-        if thread.name.startswith("inferproxy-") and thread.name != "inferproxy-serve":
+        if thread.name.startswith("inferproxy-") and thread.name != "inferproxy-serve" and "-spare" not in thread.name:
             thread.join(2)
 
 

@@ -16,6 +16,12 @@ Invariants:
   sleeping.
 - A connection counts against `max_conns` from accept until both its sockets are closed; a
   client that sends nothing gives its place back after `first_byte_timeout` (`Connection`).
+- One spare connection (its two threads started, no client, no upstream connection) waits for
+  the next client, so an accept hands a client over instead of starting threads. It counts
+  against neither limit until it takes a client; a client that finds no spare gets a connection
+  made there and then. The next spare is made `SPARE_AFTER_S` after a client took the last one,
+  not at once: starting threads holds the GIL, which the connection just taken needs for its
+  first bytes. The spare is aborted and joined when `serve()` ends.
 """
 
 import contextlib
@@ -25,10 +31,10 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from adapters.proxy.bucket import TokenBucket
-from adapters.proxy.connection import Connection
+from adapters.proxy.connection import AddressInfo, Connection
 from adapters.proxy.options import Address, ProxyLimits
 from adapters.proxy.pump import Mover, default_mover
 from adapters.proxy.refusals import RefusalLines
@@ -39,6 +45,7 @@ Log = Callable[[str], None]
 
 CONNECT_TIMEOUT_S = 5.0
 ACCEPT_BATCH = 64
+SPARE_AFTER_S = 0.002
 _JOIN_ON_STOP_S = 2.0
 _ACCEPT_PAUSE_S = 0.05
 _TRANSIENT_ACCEPT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNABORTED, errno.EPROTO}
@@ -66,7 +73,11 @@ class Proxy:
         self._drainable = self._log if isinstance(self._log, DrainableLog) else None
         self._connect_timeout = connect_timeout
         self._mover = mover if mover is not None else default_mover()
+        self._addresses = fixed_addresses(upstream)
         self._open: set[Connection] = set()
+        self._spare: Connection | None = None
+        self._taken: list[Connection] = []  # taken by a client in this turn, to wake before the select
+        self._spare_at: float | None = None  # when to make the next spare, while there is none
         self._finished: list[threading.Thread] = []
         self._changed = threading.Condition()
         self._stopping = False
@@ -102,9 +113,11 @@ class Proxy:
             return self._changed.wait_for(lambda: len(self._open) <= count, timeout)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no connection is open and their threads have ended; False on timeout."""
-        if not self.wait_open_at_most(0, timeout):
-            return False
+        """Wait until no connection is open, their threads have ended and the next spare is
+        made (or none is due); False on timeout."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: not self._open and not self._spare_due(), timeout):
+                return False
         self._reap()
         return True
 
@@ -119,9 +132,16 @@ class Proxy:
         try:
             selector.register(listener, selectors.EVENT_READ, _ACCEPT)
             selector.register(self._wake_read, selectors.EVENT_READ, _WAKE)
+            self._spare_at = time.monotonic()
             while not self._stopping:
+                self._make_spare()
                 self._watch_log(selector)
-                for key, _events in selector.select(self._select_timeout()):
+                timeout = self._select_timeout()
+                # Woken just before the select, which frees the GIL for their first bytes.
+                for taken in self._taken:
+                    taken.wake()
+                self._taken.clear()
+                for key, _events in selector.select(timeout):
                     if self._stopping:
                         break
                     if key.data == _ACCEPT:
@@ -130,6 +150,8 @@ class Proxy:
                         _empty_pipe(self._wake_read)
                     elif self._drainable is not None:
                         self._drainable.drain()
+                if self._taken:
+                    continue  # the rest waits for the next wake-up (the spare's, at the latest)
                 self._say(self._refusals.due())
                 self._resume_accepting(listener, selector)
                 self._reap()
@@ -141,9 +163,16 @@ class Proxy:
                 current = list(self._open)
             for connection in current:
                 connection.abort()
+            with self._changed:
+                spare, self._spare, self._spare_at = self._spare, None, None
+            if spare is not None:
+                spare.abort()
             remove_socket_file(self._bound)
             self._say(self._refusals.flush())
             self.wait_idle(_JOIN_ON_STOP_S)
+            if spare is not None:
+                spare.thread.join(_JOIN_ON_STOP_S)
+                self._reap()
             with self._wake_lock:
                 wake_read, wake_write = self._wake_read, self._wake_write
                 self._wake_read = self._wake_write = -1
@@ -152,8 +181,9 @@ class Proxy:
 
     def _select_timeout(self) -> float | None:
         timeouts = [self._refusals.seconds_until_due()]
-        if self._resume_accept_at is not None:
-            timeouts.append(max(0.0, self._resume_accept_at - time.monotonic()))
+        for due in (self._resume_accept_at, self._spare_at):
+            if due is not None:
+                timeouts.append(max(0.0, due - time.monotonic()))
         known = [t for t in timeouts if t is not None]
         return min(known) if known else None
 
@@ -195,44 +225,77 @@ class Proxy:
                 self._resume_accept_at = time.monotonic() + _ACCEPT_PAUSE_S
                 return
             self._accepted += 1
-            self._admit(client)
+            if self._admit(client):
+                # Back to the select at once: the connection just taken needs the GIL for its
+                # first bytes, and the next wake-up accepts whoever else is waiting.
+                return
 
     def _resume_accepting(self, listener: socket.socket, selector: selectors.BaseSelector) -> None:
         if self._resume_accept_at is not None and time.monotonic() >= self._resume_accept_at:
             self._resume_accept_at = None
             selector.register(listener, selectors.EVENT_READ, _ACCEPT)
 
-    def _admit(self, client: socket.socket) -> None:
+    def _admit(self, client: socket.socket) -> bool:
+        """Hand `client` a connection, or refuse it; whether it was handed one."""
         if not self._bucket.take():
             self._refuse(client, f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)")
-            return
+            return False
         with self._changed:
             full = len(self._open) >= self._limits.max_conns
-            if not full:
-                self._serial += 1
-                client.setblocking(True)
-                connection = Connection(
-                    client,
-                    self._upstream,
-                    name=f"inferproxy-{self._serial}",
-                    connect_timeout=self._connect_timeout,
-                    first_byte_by=time.monotonic() + self._limits.first_byte_timeout,
-                    first_byte_timeout=self._limits.first_byte_timeout,
-                    mover=self._mover,
-                    on_closed=self._closed,
-                    on_finished=self._finish,
-                )
-                self._open.add(connection)
         if full:
             self._refuse(client, f"{self._limits.max_conns} connections already open")
-            return
-        try:
-            connection.start()
-        except RuntimeError as exc:  # cannot start a thread
+            return False
+        with self._changed:
+            connection, self._spare = self._spare, None
+        if connection is None:
+            connection = self._new_connection()
+            if connection is None:
+                self._refuse(client, "cannot start a thread")
+                return False
+        client.setblocking(True)
+        with self._changed:
+            self._open.add(connection)
+        if not connection.take(client, time.monotonic() + self._limits.first_byte_timeout):  # pragma: no cover
             with self._changed:
                 self._open.discard(connection)
                 self._changed.notify_all()
-            self._refuse(client, str(exc))
+            self._refuse(client, "the proxy is stopping")
+            return False
+        self._taken.append(connection)
+        with self._changed:
+            if self._spare_at is None:
+                self._spare_at = time.monotonic() + SPARE_AFTER_S
+        return True
+
+    def _spare_due(self) -> bool:
+        return self._spare is None and self._spare_at is not None
+
+    def _make_spare(self) -> None:
+        if self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at:
+            spare = self._new_connection()
+            with self._changed:
+                self._spare = spare
+                self._spare_at = None if spare is not None else time.monotonic() + _ACCEPT_PAUSE_S
+                self._changed.notify_all()
+
+    def _new_connection(self) -> Connection | None:
+        """A spare: its threads started, waiting for a client; None if a thread cannot start."""
+        self._serial += 1
+        connection = Connection(
+            self._upstream,
+            name=f"inferproxy-{self._serial}",
+            connect_timeout=self._connect_timeout,
+            first_byte_timeout=self._limits.first_byte_timeout,
+            mover=self._mover,
+            on_closed=self._closed,
+            on_finished=self._finish,
+            addresses=self._addresses,
+        )
+        try:
+            connection.start()
+        except RuntimeError:  # cannot start a thread
+            return None
+        return connection
 
     def _refuse(self, client: socket.socket, reason: str) -> None:
         # The line (if this refusal gets one) goes out before the close, so whoever sees the
@@ -274,6 +337,15 @@ class Proxy:
             threads, self._finished = self._finished, []
         for thread in threads:
             thread.join()
+
+
+def fixed_addresses(upstream: Address) -> Sequence[AddressInfo] | None:
+    """What `upstream` resolves to, when that cannot change: a numeric host; else None (a name is
+    resolved at every connect)."""
+    try:
+        return socket.getaddrinfo(upstream.host, upstream.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError):
+        return None
 
 
 def _empty_pipe(fd: int) -> None:
