@@ -21,11 +21,16 @@ Invariants:
   `ProtocolError`; EOF inside a body is `StreamClosedEarly` saying where (the body reader's).
 - A head that was refused (too big, ambiguous framing) stays refused.
 - Nothing here reads a clock or a socket.
-- A request is rendered without h11 when its method, target and extra headers pass the same
-  checks h11 makes and no extra header is one h11 treats specially (`Host`, `Content-Length`,
-  `Transfer-Encoding`): the bytes are then exactly h11's. Anything else goes through h11 itself.
-  The h11 connection that parses the response is made only when the parser first needs it,
-  after the request was written, so its set-up is no part of the time to the first byte.
+- The first byte of an answer is what a user waits for, so the plain case skips h11 both ways,
+  with h11's own grammar and h11's answers. A request is rendered without h11 when its method,
+  target and extra headers pass the checks h11 makes and no extra header is one h11 treats
+  specially (`Host`, `Content-Length`, `Transfer-Encoding`): the bytes are then exactly h11's. A
+  response head is read without h11 when it is complete within the cap, every line ends in CRLF,
+  the status line and every header line match h11's grammar, the status is final (200 or more)
+  and its framing headers are unambiguous (one `Content-Length` of digits, or one
+  `Transfer-Encoding: chunked`): h11 would give that very head. Anything else, and every error,
+  is h11's: the bytes so far are handed to an h11 connection (made only then), which reads them
+  as it would have from the start, every split giving the same result.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ _TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(r"[\x21-\x7e]+")
 _VALUE = re.compile(r"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?", re.ASCII)
 _SPECIAL = frozenset({"host", "content-length", "transfer-encoding"})
+_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: (?:[ \t]|[^\x00\s])*)?")
+_HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+_CONTENT_LENGTH_DIGITS = 20  # h11's cap on a Content-Length
+_BLANK_LINE = re.compile(rb"\n\r?\n")  # where h11 ends a head
+_H11 = object()  # `_plain_head`: the head is h11's to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,14 +133,29 @@ def _send_with_h11(
 class ResponseParser:
     """The response to `request` (see the module for the driving protocol)."""
 
-    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "_request", "body", "eof", "head", "what")
+    __slots__ = (
+        "_buffer",
+        "_conn",
+        "_fed",
+        "_header_bytes",
+        "_method",
+        "_request",
+        "_searched",
+        "body",
+        "eof",
+        "head",
+        "what",
+    )
 
-    def __init__(self, request: Request) -> None:
-        self._request: Request | None = request  # until its h11 connection is made
-        self._conn: h11.Connection | None = None  # only until the head is parsed
+    def __init__(self, request: Request, *, plain: bool = True) -> None:
+        """`plain=False` has h11 read every head (the tests compare the two)."""
+        self._request: Request | None = request if plain else None  # while the head may be read without h11
+        self._buffer = bytearray()  # the head's bytes so far, while it is
+        self._searched = 0  # where the search for the blank line goes on from
+        self._conn: h11.Connection | None = None if plain else request.connection()
         self._method = request.method.upper()
         self._header_bytes = request.header_bytes
-        self._fed = 0  # bytes handed to h11 while reading the head
+        self._fed = 0  # bytes received while reading the head
         self.what = request.what
         self.head: ResponseHead | None = None
         self.body: BodyReader | None = None  # once the head is parsed
@@ -149,17 +174,24 @@ class ResponseParser:
             else:
                 body.eof()
             return
-        conn = self._conn if self._request is None else self._connect()
+        self._fed += len(data)
+        if self._request is not None:
+            self._buffer += data
+            return
+        conn = self._conn
         if conn is None:  # pragma: no cover - `next_head` refuses first
             raise ProtocolError(f"{self.what}: response head already refused")
-        self._fed += len(data)
         conn.receive_data(data)
 
     def next_head(self) -> ResponseHead | None:
         """The status and headers once they are complete; None while more bytes are needed."""
         if self.head is not None:
             return self.head
-        conn = self._conn if self._request is None else self._connect()
+        if self._request is not None:
+            plain = self._plain_head()
+            if plain is not _H11:
+                return plain  # type: ignore[return-value]
+        conn = self._conn if self._request is None else self._to_h11()
         if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
             raise ProtocolError(f"{self.what}: response head already refused")
         while True:
@@ -174,11 +206,64 @@ class ResponseParser:
             if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
                 raise ProtocolError(f"{self.what}: unexpected {type(event).__name__} before the head")
 
-    def _connect(self) -> h11.Connection:
+    def _to_h11(self) -> h11.Connection:
+        """Hand the head's bytes so far (and the EOF, if it came) to h11, to read from now on."""
         assert self._request is not None
         conn = self._conn = self._request.connection()
         self._request = None
+        if self._buffer:
+            conn.receive_data(bytes(self._buffer))
+        if self.eof:
+            conn.receive_data(b"")
+        self._buffer = bytearray()
         return conn
+
+    def _plain_head(self) -> ResponseHead | object | None:
+        """The head read without h11 (see the module), None while more bytes are needed, or
+        `_H11` when the bytes are h11's to read."""
+        buf = self._buffer
+        if buf and buf[0] < 0x21:  # h11 refuses it at once
+            return _H11
+        blank = _BLANK_LINE.search(buf, self._searched)
+        if blank is None:
+            # h11 refuses an unfinished head over the cap at once; at EOF, h11 says how it ended.
+            if self.eof or len(buf) > self._header_bytes:
+                return _H11
+            self._searched = max(0, len(buf) - 2)
+            return None
+        # Where h11 ends the head too: the first blank line, here the CRLF kind only.
+        end = blank.end()
+        block = bytes(buf[: end - 4])
+        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n" or b"\n" in block.replace(b"\r\n", b""):
+            return _H11
+        lines = block.split(b"\r\n")
+        status = _STATUS_LINE.fullmatch(lines[0])
+        if status is None or status[2] < b"200":
+            return _H11
+        headers: list[tuple[str, str]] = []
+        framing = 0
+        for line in lines[1:]:
+            field = _HEADER_LINE.fullmatch(line)
+            if field is None:
+                return _H11
+            name = field[1].lower()
+            value = field[2]
+            if name == b"content-length":
+                framing += 1
+                if not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
+                    return _H11
+            elif name == b"transfer-encoding":
+                framing += 1
+                value = value.lower()
+                if value != b"chunked":
+                    return _H11
+            headers.append((name.decode("ascii"), value.decode("latin-1")))
+        if framing > 1:
+            return _H11
+        self._request = None
+        unread = bytes(buf[end:])
+        self._buffer = bytearray()
+        return self._head_of(status[1], int(status[2]), tuple(headers), unread, end)
 
     # -- the wording of failures ------------------------------------------------------------------
 
@@ -209,20 +294,25 @@ class ResponseParser:
         assert conn is not None
         self._conn = None  # h11 is done either way: the body is read by a body reader
         unread, closed = conn.trailing_data
-        size = self._fed - len(unread)
+        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
+        head = self._head_of(event.http_version, event.status_code, headers, unread, self._fed - len(unread))
+        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
+            assert self.body is not None
+            self.body.eof()
+        return head
+
+    def _head_of(
+        self, version: bytes, status: int, headers: tuple[tuple[str, str], ...], unread: bytes, size: int
+    ) -> ResponseHead:
         if size > self._header_bytes:
             raise ProtocolError(
                 f"{self.what}: response head of {size} bytes is over the {self._header_bytes}-byte limit"
             )
-        if event.http_version not in (b"1.1", b"1.0"):
-            raise ProtocolError(f"{self.what}: unsupported HTTP version {event.http_version.decode()!r}")
-        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
-        head = ResponseHead(status=event.status_code, headers=headers)
-        body = self._body_reader(head, unread)
-        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
-            body.eof()
+        if version not in (b"1.1", b"1.0"):
+            raise ProtocolError(f"{self.what}: unsupported HTTP version {version.decode()!r}")
+        head = ResponseHead(status=status, headers=headers)
+        self.body = self._body_reader(head, unread)
         self.head = head
-        self.body = body
         return head
 
     def _body_reader(self, head: ResponseHead, buffered: bytes) -> BodyReader:
