@@ -8,11 +8,12 @@ on `RUN/infer.sock`, then writes into the run folder (`.run/` of the repo unless
                     gives (`app.selftest.expect_toml`) and the tool prefill the small model needs
     upstream        the server's HOST:PORT, for a second proxy or a look at the server itself
     logs/           the server's log
+    slots/          slot checkpoints (`--slot-save-path`): `Client.save_slot` writes them here
 
 It prints the config's path and what to try next, then one line "serving; Ctrl-C stops it" once
 everything is ready (tests wait for that line). SIGINT or SIGTERM stops the proxy (which removes
 the socket) and the server, and exits 0; if either dies on its own, the other is stopped and the
-exit is 1. The config and the logs stay behind; the socket and `upstream` do not.
+exit is 1. The config, the logs and the checkpoints stay behind; the socket and `upstream` do not.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def serve(run_dir: Path) -> int:
     upstream_file = run_dir / "upstream"
     config_path = run_dir / "config.toml"
     with ExitStack() as stack:
-        server = llama.launch(PRESET, log_dir=run_dir / "logs")
+        server = llama.launch(PRESET, log_dir=run_dir / "logs", slot_save_path=run_dir / "slots")
         stack.callback(server.stop)
         upstream = f"{server.host}:{server.port}"
         proxy = stack.enter_context(ProxyProcess(upstream, str(socket_path)))

@@ -21,6 +21,7 @@ FOLDERS = ("src/app/_async", "src/adapters/uds_http/_async")
 
 SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     (r"\bAsyncGenerator\[(.+?), None\]", r"Generator[\1, None, None]"),
+    (r"\bAwaitable\[(\w+)\]", r"\1"),
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
     (r"\basync for\b", "for"),

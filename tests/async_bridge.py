@@ -30,6 +30,7 @@ from domain.events import ChatEvent
 from domain.gate import SlotGate
 from domain.llama_api import Props, SlotInfo, Token
 from domain.messages import ChatRequest
+from domain.prompt_cache import Checkpoint
 
 __all__ = ["AsyncBridge", "BridgedStream", "run"]
 
@@ -78,6 +79,12 @@ class AsyncBridge:
 
     def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
         return run(self.client.tokenize(text, cancel))
+
+    def save_slot(self, slot: int, cancel: CancelToken | None = None) -> Checkpoint | None:
+        return run(self.client.save_slot(slot, cancel))
+
+    def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
+        return run(self.client.restore_slot(slot, cancel))
 
     def close(self) -> None:
         run(self.client.aclose())

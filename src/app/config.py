@@ -30,6 +30,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -197,6 +198,13 @@ class Expect(_Section):
     total_slots: Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
 
 
+class Cache(_Section):
+    # Render and tokenize each request before sending it, to emit `CachePrediction`: two small
+    # requests and a `/slots` read per turn (see the README for their cost). A slot with a
+    # checkpoint is predicted either way, to restore it when the server emptied it.
+    predict: StrictBool = False
+
+
 class SelfTest(_Section):
     tool_prefill: Text = ""
 
@@ -208,6 +216,7 @@ class Config(_Section):
     retry: Retry = Retry()
     sampling: Sampling = Sampling()
     expect: Expect | None = None
+    cache: Cache = Cache()
     selftest: SelfTest = SelfTest()
 
 

@@ -18,6 +18,7 @@ from app.config import Config
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from domain.gate import SlotGate
 from domain.limits import ClientLimits, FetchLimits, StreamLimits
+from domain.prompt_cache import CacheSettings
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
 
@@ -65,6 +66,10 @@ def probe_limits(limits: ClientLimits) -> FetchLimits:
     return limits.probe()
 
 
+def cache_settings(config: Config) -> CacheSettings:
+    return CacheSettings(predict=config.cache.predict, loss_tokens=config.limits.cache_loss_tokens)
+
+
 def total_slots(config: Config) -> int | None:
     return config.expect.total_slots if config.expect is not None else None
 
@@ -107,6 +112,7 @@ class Container(containers.DeclarativeContainer):
         limits=limits,
         total_slots=providers.Callable(total_slots, config),
         n_ctx=providers.Callable(n_ctx, config),
+        cache=providers.Callable(cache_settings, config),
     )
 
     # The asyncio client: the same settings, limits and slot gate (so a sync call and an async
@@ -134,4 +140,5 @@ class Container(containers.DeclarativeContainer):
         limits=limits,
         total_slots=providers.Callable(total_slots, config),
         n_ctx=providers.Callable(n_ctx, config),
+        cache=providers.Callable(cache_settings, config),
     )

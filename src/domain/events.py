@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -63,4 +64,31 @@ class Retrying:
     error: str
 
 
-ChatEvent = Queued | Waiting | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+class CacheCause(enum.Enum):
+    """Why a request will not reuse what the slot's previous request left there."""
+
+    MESSAGE_CHANGED = "message_changed"  # a message the previous request sent is changed or gone
+    OPTIONS_CHANGED = "options_changed"  # the tools or the thinking switch, rendered into the prompt
+    REASONING_DROPPED = "reasoning_dropped"  # the template renders the previous answer without it
+    SLOT_EMPTIED = "slot_emptied"  # the server no longer holds them (a restart, a unified KV cache)
+
+
+@dataclass(frozen=True, slots=True)
+class CachePrediction:
+    """Before the request is sent: it will reuse `reused` of the `previous` tokens the slot's
+    previous request left in the slot. `lost` when that is short by more than `cache_loss_tokens`;
+    then `message` is the index of the message (in this request) where the prompts diverge and
+    `cause` why, each None where the client cannot tell. `restored`: tokens the client has just
+    restored into the slot from its checkpoint (0: none)."""
+
+    reused: int
+    previous: int
+    lost: bool
+    message: int | None = None
+    cause: CacheCause | None = None
+    restored: int = 0
+
+
+ChatEvent = (
+    Queued | Waiting | CachePrediction | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+)

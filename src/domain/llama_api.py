@@ -33,6 +33,9 @@ CONTROL_PATH: Final = "/v1/chat/completions/control"
 SLOTS_PATH: Final = "/slots"
 PROPS_PATH: Final = "/props"
 TOKENIZE_PATH: Final = "/tokenize"
+APPLY_TEMPLATE_PATH: Final = "/apply-template"
+# A server started without `--slot-save-path` answers a slot save or restore with this.
+SLOT_ACTIONS_UNSUPPORTED: Final = 501
 STREAM_PATH: Final = "/v1/stream"
 # With this request header on a chat POST the server keeps the response body in a replay ring
 # (4 MiB, kept 300 s after the end) and goes on generating when the connection drops:
@@ -66,6 +69,15 @@ def _query(value: str) -> str:
 def reattach_path(conversation_id: str, offset: int) -> str:
     """`GET` this to re-attach to the body of conversation `conversation_id` from byte `offset`."""
     return f"{STREAM_PATH}?conv_id={_query(conversation_id)}&from={offset}"
+
+
+def slot_action_path(slot: int, action: str) -> str:
+    """`POST` this (with `slot_action_body`) to save or restore slot `slot`'s KV cache."""
+    return f"{SLOTS_PATH}/{slot}?action={action}"
+
+
+def slot_action_body(filename: str) -> bytes:
+    return orjson.dumps({"filename": filename})
 
 
 def stop_path(conversation_id: str) -> str:
@@ -251,3 +263,49 @@ def tokenize_body(text: object, model: str | None) -> bytes:
         return orjson.dumps({"content": text, "with_pieces": True, "model": model})
     except orjson.JSONEncodeError as exc:
         raise RequestError(f"the text to tokenize is not valid Unicode ({exc})") from exc
+
+
+def token_ids_body(text: str, model: str | None) -> bytes:
+    """The body of `POST /tokenize` for a prompt the server rendered: the ids alone."""
+    return orjson.dumps({"content": text, "model": model})
+
+
+def parse_rendered(raw: bytes) -> str:
+    """`POST /apply-template`: the prompt text the server would tokenize for that chat body."""
+    where = APPLY_TEMPLATE_PATH
+    prompt = _object(loads(raw, where), where).get("prompt")
+    if type(prompt) is not str:
+        raise ProtocolError(f"{where}.prompt is {_show(prompt)}, not a string")
+    return prompt
+
+
+def parse_token_ids(raw: bytes) -> list[int]:
+    """`POST /tokenize` without pieces: the token ids."""
+    where = TOKENIZE_PATH
+    tokens = _list(_object(loads(raw, where), where).get("tokens"), f"{where}.tokens")
+    for i, token in enumerate(tokens):
+        if type(token) is not int or token < 0:
+            raise ProtocolError(f"{where}.tokens[{i}] is {_show(token)}, not a token id")
+    return tokens
+
+
+def slot_held(raw: bytes, slot: int) -> int | None:
+    """How many tokens `/slots` says slot `slot` holds (`n_prompt_tokens`; absent: none, a slot
+    that has run nothing since the server started); None when the answer cannot say."""
+    try:
+        slots: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    for entry in slots if type(slots) is list else ():
+        if type(entry) is dict and type(entry.get("id")) is int and entry["id"] == slot:
+            held = entry.get("n_prompt_tokens", 0)
+            return held if type(held) is int and held >= 0 else None
+    return None
+
+
+def parse_slot_action(raw: bytes, count: str, where: str) -> tuple[int, int]:
+    """A slot save (`n_saved`, `n_written`) or restore (`n_restored`, `n_read`) answer: the
+    tokens and the bytes."""
+    data = _object(loads(raw, where), where)
+    size = "n_written" if count == "n_saved" else "n_read"
+    return _count(data, count, where), _count(data, size, where)

@@ -159,7 +159,7 @@ def _tool(tool: object, index: int) -> dict[str, Any]:
     }
 
 
-def _check_slot(slot: object, total_slots: int | None) -> int:
+def check_slot(slot: object, total_slots: int | None) -> int:
     if not isinstance(slot, int) or isinstance(slot, bool):
         raise RequestError(f"slot must be an integer, not {type(slot).__name__}")
     if slot < 0:
@@ -278,7 +278,7 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     `total_slots` is the server's slot count (from config or `/props`); `None` skips the upper
     bound check only.
     """
-    slot = _check_slot(req.slot, total_slots)
+    slot = check_slot(req.slot, total_slots)
     if not req.messages:
         raise RequestError("a request needs at least one message")
     if req.tool_choice not in TOOL_CHOICES:

@@ -14,7 +14,8 @@ Presets (all on 127.0.0.1, a free port, ``-t 2``, ``--no-webui``, the SSE ping i
 - ``router``: no ``-m``; ``--models-dir`` is the cache folder holding only the small model, whose
   router name is ``ROUTER_MODEL``. Loads it on the first request that names it.
 
-Both model presets run 2 slots over ``-c 8192`` with ``--no-kv-unified``: per-slot ``n_ctx`` 4096.
+Both model presets run 2 slots over ``-c 8192`` with ``--no-kv-unified``: per-slot ``n_ctx`` 4096;
+every server keeps slot checkpoints in a ``slots`` folder of its log folder (``--slot-save-path``).
 
 Invariants: every started process is stopped by ``stop()`` (terminate, wait, kill), by the context
 manager's exit even when the body raises, and by an ``atexit`` hook as a last resort. The server
@@ -267,6 +268,7 @@ def server_argv(
     ping_interval: int = SSE_PING_INTERVAL,
     template: str | None = None,
     extra_args: Sequence[str] = (),
+    slot_save_path: Path | None = None,
 ) -> list[str]:
     found = paths()
     argv = [str(found.binary)]
@@ -293,6 +295,8 @@ def server_argv(
     chosen = template if template is not None else preset.template
     if chosen is not None:
         argv += ["--chat-template-file", str(found.template(chosen))]
+    if slot_save_path is not None:
+        argv += ["--slot-save-path", str(slot_save_path)]
     return argv + list(preset.extra) + list(extra_args)
 
 
@@ -330,27 +334,34 @@ def launch(
     ping_interval: int = SSE_PING_INTERVAL,
     template: str | None = None,
     extra_args: Sequence[str] = (),
+    port: int | None = None,
+    slot_save_path: Path | None = None,
 ) -> LlamaServer:
-    """Start a server and wait for /health 200; the caller must ``stop()`` it (prefer start_server)."""
+    """Start a server and wait for /health 200; the caller must ``stop()`` it (prefer start_server).
+    Slot checkpoints go to ``slot_save_path`` (default: a ``slots`` folder in the log folder);
+    ``port`` starts it on that port (a restart), else on a free one."""
     chosen = PRESETS[preset]
     missing = missing_artifacts()
     if missing:
         raise ServerStartError("cannot start llama-server:\n" + "\n".join(missing))
     directory = log_dir if log_dir is not None else Path(tempfile.mkdtemp(prefix="inferpath-llama-"))
     directory.mkdir(parents=True, exist_ok=True)
-    attempts = 3  # a free port can be taken between probing and binding
+    saves = slot_save_path if slot_save_path is not None else directory / "slots"
+    saves.mkdir(parents=True, exist_ok=True)
+    attempts = 3 if port is None else 1  # a free port can be taken between probing and binding
     for attempt in range(1, attempts + 1):
-        port = free_port()
+        chosen_port = free_port() if port is None else port
         argv = server_argv(
             chosen,
-            port,
+            chosen_port,
             slots=slots,
             context=context,
             ping_interval=ping_interval,
             template=template,
             extra_args=extra_args,
+            slot_save_path=saves,
         )
-        log_path = directory / f"llama-server-{preset}-{port}.log"
+        log_path = directory / f"llama-server-{preset}-{chosen_port}-{attempt}-{time.monotonic_ns()}.log"
         log_file = log_path.open("wb")
         process = subprocess.Popen(
             argv,
@@ -360,7 +371,7 @@ def launch(
             env=setup.server_env(paths()),
             start_new_session=True,
         )
-        server = LlamaServer(preset, HOST, port, argv, log_path, process, log_file)
+        server = LlamaServer(preset, HOST, chosen_port, argv, log_path, process, log_file)
         _LIVE[process.pid] = server
         try:
             _wait_healthy(server, health_deadline_s)

@@ -29,10 +29,13 @@ the I/O behind the ports. Invariants:
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import TypeVar
 
 from app._async.fetch import error_body, fetch
 from app._async.flight import Flight, Refused
+from app._async.info import AsyncServerInfo
+from app._async.prompt_cache import AsyncPromptCache
 from app.call_log import log_done, retrying
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
@@ -47,32 +50,24 @@ from domain.llama_api import (
     CHAT_PATH,
     CONTROL_PATH,
     CONVERSATION_HEADER,
-    PROPS_PATH,
     REATTACH_REFUSED,
-    SLOTS_PATH,
     STREAM_PATH,
-    TOKENIZE_PATH,
-    Props,
-    SlotInfo,
-    Token,
     control_refusal,
     new_conversation_id,
     not_a_stream,
-    parse_props,
-    parse_slots,
-    parse_tokens,
     reattach_path,
     stop_path,
-    tokenize_body,
-    with_model,
 )
 from domain.messages import ChatRequest
-from domain.request import RequestSettings, build_chat_body, build_control_body, effective_max_tokens
+from domain.prompt_cache import CacheSettings, Checkpoint
+from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
 from domain.waiting import gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncExchange, AsyncTransport, ResponseHead, TimedOut
+
+T = TypeVar("T")
 
 __all__ = ["AsyncLlamaCalls"]
 
@@ -94,6 +89,7 @@ class AsyncLlamaCalls:
         limits: ClientLimits,
         total_slots: int | None,
         n_ctx: int | None = None,
+        cache: CacheSettings,
     ) -> None:
         self._transport = transport
         self._probe = probe
@@ -102,9 +98,16 @@ class AsyncLlamaCalls:
         self._retry = retry_policy
         self._settings = request_settings
         self._limits = limits
-        self._total_slots = total_slots
-        self._n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
         self._last_timings: dict[int, Timings] = {}
+        self.info = AsyncServerInfo(
+            transport=transport,
+            clock=clock,
+            request_settings=request_settings,
+            limits=limits,
+            total_slots=total_slots,
+            n_ctx=n_ctx,
+        )
+        self.cache = AsyncPromptCache(info=self.info, settings=cache, model=request_settings.model)
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -135,6 +138,9 @@ class AsyncLlamaCalls:
             if ticket.ahead:
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
+            prediction, rendered = await self.cache.before(req, body, token)
+            if prediction is not None:
+                yield prediction
             while True:
                 async for event in self._take_off(req, body, flight, attempts, token, resend=resend):
                     yield event
@@ -163,6 +169,7 @@ class AsyncLlamaCalls:
                         elif isinstance(step, Completion):
                             flight.landed()
                             log_done(self._last_timings, slot, step)
+                            self.cache.landed(req, body, rendered, prediction, step)
                             yield step
                             return
                         else:
@@ -243,7 +250,7 @@ class AsyncLlamaCalls:
             exchange.close()
             raise
         max_tokens = effective_max_tokens(req, self._settings)
-        prompt = prompt_token_bound(len(body), self._n_ctx)
+        prompt = prompt_token_bound(len(body), self.info.n_ctx)
         budget = req.thinking and self._settings.thinking_budget is not None
         stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt, budget_sent=budget)
         flight.take_off(conversation, exchange, stream, clock.now())
@@ -316,33 +323,22 @@ class AsyncLlamaCalls:
             token.raise_if_cancelled()
             return f"{type(exc).__name__}: {exc}"
 
-    # -- the small calls ----------------------------------------------------------------------
+    # -- slot checkpoints ---------------------------------------------------------------------
 
-    async def render(self, req: ChatRequest, token: CancelToken) -> bytes:
-        """The exact request body `chat` sends for `req` (validated, deterministic)."""
-        return build_chat_body(req, self._settings, total_slots=await self._slot_count(token))
+    async def save_slot(self, slot: int, token: CancelToken) -> Checkpoint | None:
+        """Save slot `slot`'s KV cache, the slot held at the gate (`AsyncPromptCache.save`)."""
+        return await self._holding(slot, token, self.cache.save)
 
-    async def props(self, token: CancelToken) -> Props:
-        return parse_props(await self._get(PROPS_PATH, token))
+    async def restore_slot(self, slot: int, token: CancelToken) -> int:
+        """Restore slot `slot`'s checkpoint, the slot held at the gate (`AsyncPromptCache.restore`)."""
+        return await self._holding(slot, token, self.cache.restore)
 
-    async def slots(self, token: CancelToken) -> list[SlotInfo]:
-        return parse_slots(await self._get(SLOTS_PATH, token))
-
-    async def tokenize(self, text: str, token: CancelToken) -> list[Token]:
-        body = tokenize_body(text, self._settings.model)
-        return parse_tokens(
-            await fetch(self._transport, self._clock, "POST", TOKENIZE_PATH, body, self._limits.info(), token)
-        )
-
-    async def _get(self, path: str, token: CancelToken) -> bytes:
-        path = with_model(path, self._settings.model)
-        return await fetch(self._transport, self._clock, "GET", path, None, self._limits.info(), token)
-
-    async def _slot_count(self, token: CancelToken) -> int:
-        if self._total_slots is None:
+    async def _holding(self, slot: int, token: CancelToken, work: Callable[[int, CancelToken], Awaitable[T]]) -> T:
+        ticket = self._queue.enter(await self.info.check_slot(slot, token))
+        try:
+            async for _ in self._queued(ticket, slot, token):
+                pass
             token.raise_if_cancelled()
-            props = await self.props(token)
-            self._total_slots = props.total_slots
-            if self._n_ctx is None:
-                self._n_ctx = props.n_ctx
-        return self._total_slots
+            return await work(slot, token)
+        finally:
+            self._queue.leave(ticket)

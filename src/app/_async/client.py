@@ -31,6 +31,7 @@ from app._async.call import AsyncLlamaCalls
 from app.calls import CLOSE_WAIT_S, AsyncCalls
 from app.event_stream import AsyncEventStream, Step, emit
 from app.slot_queue import AsyncSlotQueue
+from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import InferError
@@ -39,6 +40,7 @@ from domain.gate import SlotGate
 from domain.limits import ClientLimits
 from domain.llama_api import Props, SlotInfo, Token
 from domain.messages import ChatRequest
+from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
 from ports.clock import AsyncClock
@@ -66,6 +68,7 @@ class AsyncClient:
         limits: ClientLimits,
         total_slots: int | None,
         n_ctx: int | None = None,
+        cache: CacheSettings | None = None,
     ) -> None:
         self._calls = AsyncCalls()
         self._gate = gate
@@ -79,6 +82,7 @@ class AsyncClient:
             limits=limits,
             total_slots=total_slots,
             n_ctx=n_ctx,
+            cache=cache or CacheSettings(predict=False, loss_tokens=CACHE_LOSS_TOKENS),
         )
 
     # -- chat ---------------------------------------------------------------------------------
@@ -124,7 +128,7 @@ class AsyncClient:
             while True:
                 try:
                     if body is None:
-                        body = await llama.render(req, token)
+                        body = await llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry)
                     async with contextlib.aclosing(steps):
                         async for step in steps:
@@ -149,19 +153,36 @@ class AsyncClient:
     async def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         async with self._calls.scope(cancel) as token:
-            return await self._llama.render(req, token)
+            return await self._llama.info.render(req, token)
 
     async def props(self, cancel: CancelToken | None = None) -> Props:
         async with self._calls.scope(cancel) as token:
-            return await self._llama.props(token)
+            return await self._llama.info.props(token)
 
     async def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
         async with self._calls.scope(cancel) as token:
-            return await self._llama.slots(token)
+            return await self._llama.info.slots(token)
 
     async def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
         async with self._calls.scope(cancel) as token:
-            return await self._llama.tokenize(text, token)
+            return await self._llama.info.tokenize(text, token)
+
+    # -- slot checkpoints ---------------------------------------------------------------------
+
+    async def save_slot(self, slot: int, cancel: CancelToken | None = None) -> Checkpoint | None:
+        """Save what slot `slot` holds (its KV cache) to a file in the server's `--slot-save-path`
+        folder, once the slot is ours at the gate, and remember what it holds: a turn that finds
+        the slot emptied (a server restart) restores it by itself. None when the server keeps no
+        checkpoints (started without `--slot-save-path`: one WARNING, then never asked again)."""
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.save_slot(slot, token)
+
+    async def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
+        """Put slot `slot`'s last checkpoint back into it; the tokens restored. `RequestError`
+        when it has none, or when the server's template, model or slot context is not the one it
+        was saved under."""
+        async with self._calls.scope(cancel) as token:
+            return await self._llama.restore_slot(slot, token)
 
     # -- closing ------------------------------------------------------------------------------
 

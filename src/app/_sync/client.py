@@ -32,6 +32,7 @@ from app._sync.call import LlamaCalls
 from app.calls import CLOSE_WAIT_S, Calls
 from app.event_stream import EventStream, Step, emit
 from app.slot_queue import SlotQueue
+from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import InferError
@@ -40,6 +41,7 @@ from domain.gate import SlotGate
 from domain.limits import ClientLimits
 from domain.llama_api import Props, SlotInfo, Token
 from domain.messages import ChatRequest
+from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
 from ports.clock import Clock
@@ -67,6 +69,7 @@ class Client:
         limits: ClientLimits,
         total_slots: int | None,
         n_ctx: int | None = None,
+        cache: CacheSettings | None = None,
     ) -> None:
         self._calls = Calls()
         self._gate = gate
@@ -80,6 +83,7 @@ class Client:
             limits=limits,
             total_slots=total_slots,
             n_ctx=n_ctx,
+            cache=cache or CacheSettings(predict=False, loss_tokens=CACHE_LOSS_TOKENS),
         )
 
     # -- chat ---------------------------------------------------------------------------------
@@ -125,7 +129,7 @@ class Client:
             while True:
                 try:
                     if body is None:
-                        body = llama.render(req, token)
+                        body = llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry)
                     with contextlib.closing(steps):
                         for step in steps:
@@ -150,19 +154,36 @@ class Client:
     def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         with self._calls.scope(cancel) as token:
-            return self._llama.render(req, token)
+            return self._llama.info.render(req, token)
 
     def props(self, cancel: CancelToken | None = None) -> Props:
         with self._calls.scope(cancel) as token:
-            return self._llama.props(token)
+            return self._llama.info.props(token)
 
     def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
         with self._calls.scope(cancel) as token:
-            return self._llama.slots(token)
+            return self._llama.info.slots(token)
 
     def tokenize(self, text: str, cancel: CancelToken | None = None) -> list[Token]:
         with self._calls.scope(cancel) as token:
-            return self._llama.tokenize(text, token)
+            return self._llama.info.tokenize(text, token)
+
+    # -- slot checkpoints ---------------------------------------------------------------------
+
+    def save_slot(self, slot: int, cancel: CancelToken | None = None) -> Checkpoint | None:
+        """Save what slot `slot` holds (its KV cache) to a file in the server's `--slot-save-path`
+        folder, once the slot is ours at the gate, and remember what it holds: a turn that finds
+        the slot emptied (a server restart) restores it by itself. None when the server keeps no
+        checkpoints (started without `--slot-save-path`: one WARNING, then never asked again)."""
+        with self._calls.scope(cancel) as token:
+            return self._llama.save_slot(slot, token)
+
+    def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
+        """Put slot `slot`'s last checkpoint back into it; the tokens restored. `RequestError`
+        when it has none, or when the server's template, model or slot context is not the one it
+        was saved under."""
+        with self._calls.scope(cancel) as token:
+            return self._llama.restore_slot(slot, token)
 
     # -- closing ------------------------------------------------------------------------------
 

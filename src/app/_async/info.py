@@ -1,0 +1,86 @@
+"""The small calls that read the server (`/props`, `/slots`, `/tokenize`) and the rendering of a
+chat body, each one request under `ClientLimits.info()`. Written once; the blocking twin
+(`app/_sync/info.py`) is generated from this file by `scripts/unasync.py`.
+
+The slot count and a slot's context are learned from `/props` on first need, when the config does
+not pin them (`[expect]`), and kept.
+"""
+
+from __future__ import annotations
+
+from app._async.fetch import fetch
+from domain.cancel import CancelToken
+from domain.limits import ClientLimits
+from domain.llama_api import (
+    PROPS_PATH,
+    SLOTS_PATH,
+    TOKENIZE_PATH,
+    Props,
+    SlotInfo,
+    Token,
+    parse_props,
+    parse_slots,
+    parse_tokens,
+    tokenize_body,
+    with_model,
+)
+from domain.messages import ChatRequest
+from domain.request import RequestSettings, build_chat_body, check_slot
+from ports.clock import AsyncClock
+from ports.transport import AsyncTransport
+
+__all__ = ["AsyncServerInfo"]
+
+
+class AsyncServerInfo:
+    """What the server says of itself, over the transport. Safe to share between calls."""
+
+    def __init__(
+        self,
+        *,
+        transport: AsyncTransport,
+        clock: AsyncClock,
+        request_settings: RequestSettings,
+        limits: ClientLimits,
+        total_slots: int | None,
+        n_ctx: int | None,
+    ) -> None:
+        self._transport = transport
+        self._clock = clock
+        self._settings = request_settings
+        self._limits = limits
+        self._total_slots = total_slots
+        self.n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
+
+    async def render(self, req: ChatRequest, token: CancelToken) -> bytes:
+        """The exact request body `chat` sends for `req` (validated, deterministic)."""
+        return build_chat_body(req, self._settings, total_slots=await self.slot_count(token))
+
+    async def props(self, token: CancelToken) -> Props:
+        return parse_props(await self.get(PROPS_PATH, token))
+
+    async def slots(self, token: CancelToken) -> list[SlotInfo]:
+        return parse_slots(await self.get(SLOTS_PATH, token))
+
+    async def tokenize(self, text: str, token: CancelToken) -> list[Token]:
+        return parse_tokens(await self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token))
+
+    async def check_slot(self, slot: int, token: CancelToken) -> int:
+        """`slot`, or `RequestError` when it is not one of the server's slots."""
+        return check_slot(slot, await self.slot_count(token))
+
+    async def get(self, path: str, token: CancelToken) -> bytes:
+        path = with_model(path, self._settings.model)
+        return await fetch(self._transport, self._clock, "GET", path, None, self._limits.info(), token)
+
+    async def post(self, path: str, body: bytes, token: CancelToken) -> bytes:
+        return await fetch(self._transport, self._clock, "POST", path, body, self._limits.info(), token)
+
+    async def slot_count(self, token: CancelToken) -> int:
+        if self._total_slots is None:
+            token.raise_if_cancelled()
+            props = await self.props(token)
+            self._total_slots = props.total_slots
+            if self.n_ctx is None:
+                self.n_ctx = props.n_ctx
+        return self._total_slots

@@ -1,0 +1,215 @@
+"""The I/O of the slot's prompt cache: the prediction before a request is sent, the slot
+checkpoints, and the automatic restore. Written once; the blocking twin
+(`app/_sync/prompt_cache.py`) is generated from this file by `scripts/unasync.py`. The decisions
+are `domain.prompt_cache`'s.
+
+Before a chat request (the slot held at the gate), when `[cache] predict` is on, or the slot has a
+checkpoint and a request completed on it before: `POST /apply-template` with the very body the
+chat sends, `POST /tokenize` of the prompt it renders, and `GET /slots` for what the slot holds
+now; then `CachePrediction`. When the slot was emptied (the server restarted, a unified KV cache)
+and its checkpoint matches the server and the request, the checkpoint is restored first, and the
+turn's `cache_n` says whether that helped (a WARNING when it did not).
+
+Invariants:
+- The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
+  WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
+- A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
+  then returns None without asking again.
+- A checkpoint is restored only into a server with its template, model and slot context, before
+  a request that begins with the prompt it covers: the server itself checks none of it.
+- The client remembers, per slot, only its last completed request and its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from app._async.info import AsyncServerInfo
+from domain.cancel import CancelToken
+from domain.completion import Completion
+from domain.errors import HttpError, InferError, RequestError, loggable
+from domain.events import CacheCause, CachePrediction
+from domain.llama_api import (
+    APPLY_TEMPLATE_PATH,
+    SLOT_ACTIONS_UNSUPPORTED,
+    SLOTS_PATH,
+    TOKENIZE_PATH,
+    parse_rendered,
+    parse_slot_action,
+    parse_token_ids,
+    slot_action_body,
+    slot_action_path,
+    slot_held,
+    token_ids_body,
+)
+from domain.messages import ChatRequest
+from domain.prompt_cache import (
+    CacheSettings,
+    Checkpoint,
+    Rendered,
+    SlotTurn,
+    checkpoint_filename,
+    covered,
+    predict,
+    restore_refusal,
+    server_model,
+)
+
+__all__ = ["AsyncPromptCache"]
+
+log = logging.getLogger("inferpath.client")
+
+_CANNOT_RENDER = frozenset({404, 501})
+
+
+class AsyncPromptCache:
+    """Per slot: the last request completed on it and its checkpoint. Safe to share between calls
+    (a slot's entries change only while the slot is held at the gate)."""
+
+    def __init__(self, *, info: AsyncServerInfo, settings: CacheSettings, model: str) -> None:
+        self._info = info
+        self._settings = settings
+        self._model = model
+        self._renders = True
+        self._saves = True
+        self._turns: dict[int, SlotTurn] = {}
+        self._checkpoints: dict[int, Checkpoint] = {}
+
+    def checkpoint(self, slot: int) -> Checkpoint | None:
+        return self._checkpoints.get(slot)
+
+    # -- the prediction -----------------------------------------------------------------------
+
+    async def before(
+        self, req: ChatRequest, body: bytes, token: CancelToken
+    ) -> tuple[CachePrediction | None, Rendered | None]:
+        """The prediction for `req` (None without a previous request on the slot) and its
+        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied."""
+        slot = req.slot
+        previous = self._turns.get(slot)
+        checkpoint = self._checkpoints.get(slot)
+        if not self._renders or not (self._settings.predict or (checkpoint and previous)):
+            return None, None
+        try:
+            now = await self._render(body, token)
+            if previous is None:
+                return None, now
+            before = previous.rendered or await self._render(previous.body, token)
+            held = slot_held(await self._info.get(SLOTS_PATH, token), slot)
+            loss = self._settings.loss_tokens
+            prediction = predict(previous, before, req, now, held, loss)
+            if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
+                restored = await self._restore_before(checkpoint, now, token)
+                if restored is not None:
+                    last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
+                    held = restored if last else min(restored, checkpoint.prompt_tokens)
+                    prediction = predict(previous, before, req, now, held, loss, restored=restored)
+        except InferError as exc:
+            token.raise_if_cancelled()
+            if isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER:
+                self._renders = False
+                log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
+            else:
+                log.debug("slot %d: cache prediction skipped: %s", slot, loggable(exc))
+            return None, None
+        log.debug("slot %d: %s", slot, prediction)
+        return prediction, now
+
+    def landed(
+        self,
+        req: ChatRequest,
+        body: bytes,
+        rendered: Rendered | None,
+        prediction: CachePrediction | None,
+        completion: Completion,
+    ) -> None:
+        """Remember the completed request; check a restore by the cache the turn found."""
+        self._turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
+        if prediction is None:
+            return
+        found = completion.timings.cache_n
+        log.debug("slot %d: cache predicted %d tokens, found %d", req.slot, prediction.reused, found)
+        if prediction.restored and prediction.reused - found > self._settings.loss_tokens:
+            log.warning(
+                "slot %d: the restored checkpoint did not help: the turn reused %d tokens, not %d",
+                req.slot,
+                found,
+                prediction.reused,
+            )
+
+    async def _render(self, body: bytes, token: CancelToken) -> Rendered:
+        text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token))
+        tokens = parse_token_ids(await self._info.post(TOKENIZE_PATH, token_ids_body(text, self._model), token))
+        return Rendered.of(text, tokens)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    async def save(self, slot: int, token: CancelToken) -> Checkpoint | None:
+        """Save what slot `slot` holds to the server's save folder and remember it; None when the
+        server keeps no checkpoints (501, one WARNING, and never asked again)."""
+        if not self._saves:
+            return None
+        props = await self._info.props(token)
+        count, digest = covered(())
+        previous = self._turns.get(slot)
+        if previous is not None:
+            rendered = previous.rendered or await self._render(previous.body, token)
+            self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
+            count, digest = covered(rendered.tokens)
+        name = checkpoint_filename(slot)
+        try:
+            answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name), token)
+        except HttpError as exc:
+            if exc.status != SLOT_ACTIONS_UNSUPPORTED:
+                raise
+            self._saves = False
+            log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
+            return None
+        saved, size = parse_slot_action(answer, "n_saved", f"POST {SLOTS_PATH}/{slot}?action=save")
+        checkpoint = Checkpoint(
+            slot=slot,
+            filename=name,
+            tokens=saved,
+            bytes=size,
+            template_sha256=props.chat_template_sha256,
+            model=server_model(props),
+            n_ctx=props.n_ctx,
+            prompt_tokens=count,
+            prompt_sha256=digest,
+        )
+        self._checkpoints[slot] = checkpoint
+        log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
+        return checkpoint
+
+    async def restore(self, slot: int, token: CancelToken) -> int:
+        """Put slot `slot`'s checkpoint back; the tokens restored. `RequestError` when it has
+        none, or when the server's template, model or slot context is not the one it was saved
+        under."""
+        checkpoint = self._checkpoints.get(slot)
+        if checkpoint is None:
+            raise RequestError(f"slot {slot} has no checkpoint (save_slot makes one)")
+        refusal = restore_refusal(checkpoint, await self._info.props(token), None)
+        if refusal is not None:
+            raise RequestError(f"the checkpoint of slot {slot} was not restored: {refusal}")
+        return await self._restore(checkpoint, token)
+
+    async def _restore_before(self, checkpoint: Checkpoint, now: Rendered, token: CancelToken) -> int | None:
+        """The automatic restore into an emptied slot: the tokens restored, or None (a WARNING)."""
+        slot = checkpoint.slot
+        try:
+            refusal = restore_refusal(checkpoint, await self._info.props(token), now.tokens)
+            if refusal is None:
+                return await self._restore(checkpoint, token)
+        except InferError as exc:
+            token.raise_if_cancelled()
+            refusal = loggable(exc)
+        log.warning("slot %d: emptied, and its checkpoint was not restored: %s", slot, refusal)
+        return None
+
+    async def _restore(self, checkpoint: Checkpoint, token: CancelToken) -> int:
+        slot = checkpoint.slot
+        answer = await self._info.post(slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename), token)
+        restored, _ = parse_slot_action(answer, "n_restored", f"POST {SLOTS_PATH}/{slot}?action=restore")
+        log.debug("slot %d: restored %d tokens", slot, restored)
+        return restored

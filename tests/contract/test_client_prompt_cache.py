@@ -1,0 +1,232 @@
+"""The cache prediction and the slot checkpoints through a whole client, both flavours, against a
+fake server whose prompt cache behaves as llama-server's (`tests/cache_server.py`): each
+prediction is checked against the `cache_n` that cache then reports."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeServer, error_reply
+from app.client import Client
+from app.config import parse_config
+from app.container import Container
+from cache_server import ANSWER, CachingLlama
+from client_support import LIMITS, RETRY, Kind
+from domain.errors import RequestError
+from domain.events import CacheCause, CachePrediction, ChatEvent, Content
+from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
+
+pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
+
+SYSTEM = SystemMessage("You are a terse assistant. " * 8)
+ASK = UserMessage("What is the capital of France?")
+LONG_REASONING = "The user asks for a capital. France's capital is Paris, as every atlas says. " * 2
+
+
+def client_for(kind: Kind, server: FakeServer, *, predict: bool = True) -> Client:
+    data: dict[str, Any] = {
+        "socket": server.socket_path,
+        "limits": LIMITS,
+        "retry": RETRY,
+        "cache": {"predict": predict},
+    }
+    return kind.client_of(Container(config=parse_config(data)))
+
+
+def turn(client: Client, *messages: ChatMessage, slot: int = 0, thinking: bool = False) -> list[ChatEvent]:
+    events: list[ChatEvent] = []
+    client.chat(ChatRequest(slot=slot, messages=messages, thinking=thinking), events.append)
+    return events
+
+
+def predictions(events: list[ChatEvent]) -> list[CachePrediction]:
+    return [e for e in events if isinstance(e, CachePrediction)]
+
+
+def paths(server: FakeServer) -> list[str]:
+    return [f"{r.method} {r.target}" for r in server.requests]
+
+
+def test_a_turn_that_extends_the_last_one_is_predicted_before_it_is_sent(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    assert predictions(turn(client, SYSTEM, ASK)) == []  # nothing ran on the slot before
+    del server.requests[:]
+
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+
+    [prediction] = predictions(events)
+    assert events.index(prediction) < events.index(Content(ANSWER))
+    assert prediction.reused == llama.cache_n[1]  # exact, against the cache's own count
+    assert not prediction.lost and prediction.cause is None
+    assert paths(server)[:3] == ["POST /apply-template", "POST /tokenize", "GET /slots?model=default"]
+    assert paths(server)[3] == "POST /v1/chat/completions"
+
+
+def test_a_changed_system_prompt_is_predicted_as_a_loss_at_message_0(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+
+    [prediction] = predictions(turn(client, SystemMessage("Be verbose."), ASK, AssistantMessage(ANSWER)))
+
+    assert prediction.reused == llama.cache_n[1]
+    assert (prediction.lost, prediction.message, prediction.cause) == (True, 0, CacheCause.MESSAGE_CHANGED)
+
+
+def test_reasoning_the_template_drops_is_predicted_and_named(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server, reasoning=LONG_REASONING)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK, thinking=True)
+
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"), thinking=True)
+
+    [prediction] = predictions(events)
+    assert prediction.reused == llama.cache_n[1]
+    assert (prediction.lost, prediction.message, prediction.cause) == (True, 2, CacheCause.REASONING_DROPPED)
+
+
+def test_a_slot_emptied_by_another_slots_task_is_predicted(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server, unified=True)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    turn(client, UserMessage("Hi"), slot=1)
+
+    [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?")))
+
+    assert prediction.reused == llama.cache_n[2] == 0
+    assert (prediction.lost, prediction.message, prediction.cause) == (True, None, CacheCause.SLOT_EMPTIED)
+
+
+def test_without_the_switch_nothing_is_predicted_and_nothing_more_is_asked(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server, predict=False)
+    turn(client, SYSTEM, ASK)
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    assert predictions(events) == []
+    assert [p for p in paths(server) if not p.startswith("GET /props")] == ["POST /v1/chat/completions"] * 2
+
+
+def test_a_server_that_cannot_render_turns_the_prediction_off_with_one_warning(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    CachingLlama(server)
+    server.route("POST", "/apply-template", error_reply(404, "File Not Found", "not_found_error"))
+    client = client_for(client_kind, server)
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        for _ in range(3):
+            events = turn(client, SYSTEM, ASK)
+            assert Content(ANSWER) in events and predictions(events) == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["cache prediction off: the server cannot render a prompt (HTTP 404)"]
+    assert paths(server).count("POST /apply-template") == 1
+
+
+def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeServer, client_kind: Kind) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    server.route("GET", "/slots", error_reply(500, "boom"))
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    assert Content(ANSWER) in events and predictions(events) == []
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_is_restored_by_itself_after_a_restart(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server, predict=False)  # a checkpoint is predicted either way
+    turn(client, SYSTEM, ASK)
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None
+    assert (checkpoint.slot, checkpoint.tokens) == (0, len(llama.held[0]))
+    assert checkpoint.filename == "inferpath-slot-0.bin" and checkpoint.bytes == 100 * checkpoint.tokens
+    llama.restart()
+    del server.requests[:]
+
+    [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?")))
+
+    assert prediction.restored == checkpoint.tokens
+    assert prediction.reused == llama.cache_n[1] and not prediction.lost
+    assert "POST /slots/0?action=restore" in paths(server)
+    assert paths(server)[-1] == "POST /v1/chat/completions"
+
+
+def test_a_checkpoint_saved_under_another_template_is_not_restored(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    assert client.save_slot(0) is not None
+    llama.restart()
+    llama.template = "another template"
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("Spain?")))
+    assert (prediction.restored, prediction.cause, prediction.reused) == (0, CacheCause.SLOT_EMPTIED, 0)
+    assert "POST /slots/0?action=restore" not in paths(server)
+    assert any("not restored: the server's chat template" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restore_that_did_not_help_says_so(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    assert client.save_slot(0) is not None
+    llama.restart()
+    llama.restore_lies = True
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("Spain?")))
+    assert prediction.restored > 0 and llama.cache_n[1] == 0
+    assert any("the restored checkpoint did not help" in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_without_a_save_folder_turns_checkpoints_off_with_one_warning(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    CachingLlama(server, save_path=False)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        assert client.save_slot(0) is None
+        assert client.save_slot(1) is None
+    assert paths(server).count("POST /slots/0?action=save") == 1
+    assert not any("action=save" in p for p in paths(server) if p.startswith("POST /slots/1"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "--slot-save-path" in warnings[0]
+
+
+def test_restore_slot_puts_the_checkpoint_back_and_refuses_what_does_not_match(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    with pytest.raises(RequestError, match="slot 0 has no checkpoint"):
+        client.restore_slot(0)
+    turn(client, SYSTEM, ASK)
+    saved = llama.held[0]
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None
+    llama.restart()
+    assert client.restore_slot(0) == checkpoint.tokens and llama.held[0] == saved
+    llama.template = "another"
+    with pytest.raises(RequestError, match="chat template"):
+        client.restore_slot(0)
+
+
+def test_a_slot_that_is_not_the_servers_is_refused_before_any_request(server: FakeServer, client_kind: Kind) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    with pytest.raises(RequestError, match="slot 5 is outside the server's 2 slots"):
+        client.save_slot(5)
+    with pytest.raises(RequestError, match="slot -1 is negative"):
+        client.restore_slot(-1)
+    assert all(not p.startswith("POST /slots") for p in paths(server))
