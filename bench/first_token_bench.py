@@ -136,20 +136,27 @@ def serve_stamped_proxy(path: str, port: int) -> None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.stamps: dict[str, int] = {}
-            inner = self._mover
 
+        def _prepare(self) -> None:
+            super()._prepare()
+            self._up = self._stamping(self._up, "up")
+            self._down = self._stamping(self._down, "back")
+
+        def _stamping(self, inner: Any, key: str) -> Any:
             def mover(src: socket.socket, dst: socket.socket) -> None:
                 poller = select.poll()
                 poller.register(src, select.POLLIN)
                 poller.poll()
-                self.stamps["back" if src is not self._client else "up"] = ns()
+                self.stamps[key] = ns()
                 inner(src, dst)
 
-            self._mover = mover
+            return mover
 
         def take(self, client: socket.socket, first_byte_by: float) -> bool:
             self.stamps["accept"] = ns()
-            return super().take(client, first_byte_by)
+            taken = super().take(client, first_byte_by)
+            self.stamps["taken"] = ns()
+            return taken
 
         def wake(self) -> None:
             self.stamps["woken"] = ns()
@@ -170,7 +177,8 @@ def serve_stamped_proxy(path: str, port: int) -> None:
             finally:
                 s = self.stamps
                 if s:
-                    line = " ".join(str(s.get(k, 0)) for k in ("accept", "woken", "thread", "connected", "up", "back"))
+                    keys = ("accept", "taken", "woken", "thread", "connected", "up", "back")
+                    line = " ".join(str(s.get(k, 0)) for k in keys)
                     print(f"proxy {line}", flush=True)
 
     server_module.Connection = Stamped  # type: ignore[misc]
@@ -456,12 +464,13 @@ def measure(
             if stamped is not None and stamped_proc is not None:
                 start, connected, first = raw_first(stamped, request)
                 up = upstream_line()
-                accept, woken, thread, linked, fwd_up, fwd_back = _stamps(stamped_proc, "proxy")
+                accept, taken, woken, thread, linked, fwd_up, fwd_back = _stamps(stamped_proc, "proxy")
                 if keep:
                     samples.add("stamped", start, first)
                     for name, at in (
                         ("stamped connect", connected),
                         ("stamped accept", accept),
+                        ("stamped taken", taken),
                         ("stamped woken", woken),
                         ("stamped thread", thread),
                         ("stamped upstream connected", linked),
@@ -514,7 +523,8 @@ def rows(samples: Samples, label: str, rounds: int) -> list[Row]:
             )
         )
     if "stamped" in samples.values:
-        names = ["stamped connect", "stamped accept", "stamped woken", "stamped thread", "stamped upstream connected"]
+        names = ["stamped connect", "stamped accept", "stamped taken", "stamped woken", "stamped thread"]
+        names += ["stamped upstream connected"]
         if "stamped upstream accepted" in samples.values:
             names += ["stamped upstream accepted"]
         names += ["stamped up ready"]

@@ -6,7 +6,7 @@ before that ends it). The first connects upstream once it has its client, then m
 upstream; the second moves upstream → client once the first has connected. Invariants:
 - No upstream connection exists before a client is taken (llama-server gives an idle connection
   a thread that polls it every 10 ms, and drops it after 5 s). For an upstream given as an
-  address (no name to resolve), the spare makes its socket ahead, and `take` starts the
+  address (no name to resolve), the spare makes its socket ahead, and `wake` starts the
   non-blocking connect in the accepting thread, so the handshake runs while the first thread
   wakes; a name is resolved by the first thread for every connection.
 - The connect never blocks: the socket is non-blocking and published (under the lock `abort`
@@ -36,10 +36,15 @@ import time
 from collections.abc import Callable, Sequence
 
 from adapters.proxy.options import Address
-from adapters.proxy.pump import Mover
+from adapters.proxy.pump import Mover, ahead
 
 SocketAddress = tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]
 AddressInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, SocketAddress]
+
+
+def _nothing() -> None:
+    return None
+
 
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 _LONGEST_POLL_MS = 2**31 - 1  # poll takes a C int of milliseconds
@@ -77,6 +82,9 @@ class Connection:
         self._connected = threading.Event()  # the upstream connected, or the connection is ending
         self._aborted = False
         self._closed = False
+        # Each direction's mover, with what it needs made ahead by the first thread (`_prepare`).
+        self._up = self._down = mover
+        self._release_up = self._release_down = _nothing
         self.thread = threading.Thread(target=self._run, name=f"{name}-spare", daemon=True)
         self._back = threading.Thread(target=self._run_back, name=f"{name}-spare-back", daemon=True)
         self._name = name
@@ -95,25 +103,29 @@ class Connection:
     def take(self, client: socket.socket, first_byte_by: float) -> bool:
         """Hand the connection its client, whose first byte is due by `first_byte_by` (a
         `time.monotonic()` reading); False if it was aborted first (the client is not taken).
-        Starts the upstream connect when the spare made its socket ahead; never blocks. The
-        threads start forwarding at `wake`."""
+        The threads start at `wake`."""
         with self._lock:
             if self._aborted:
                 return False
             self._client = client
             self._first_byte_by = first_byte_by
-            made, self._made = self._made, None
-            if made is not None and self._addresses:
-                self._upstream = made
-                self._begun = (made, made.connect_ex(self._addresses[0][4]))
         self.thread.name = self._name
         self._back.name = f"{self._name}-back"
         return True
 
     def wake(self) -> None:
-        """Let the threads of a taken connection run (the accepting thread calls it just before
-        it blocks, so the GIL is free for them at once)."""
-        self._taken.set()
+        """Let the threads of a taken connection run, and start the upstream connect when the
+        spare made its socket ahead; never blocks. The accepting thread calls it just before it
+        blocks itself, so the GIL is free for them; the first thread wakes while the handshake
+        runs, and takes the connect over under the lock it is started under."""
+        with self._lock:
+            self._taken.set()
+            made, self._made = self._made, None
+            if made is not None and self._addresses and not self._aborted:
+                self._upstream = made
+                self._begun = (made, made.connect_ex(self._addresses[0][4]))
+            elif made is not None:
+                made.close()
 
     def abort(self) -> None:
         """Shut both sockets down both ways (a spare without a client ends); safe from any
@@ -138,11 +150,16 @@ class Connection:
             self._connected.set()  # a second thread still waiting for the upstream ends
             if self._back.ident is not None:
                 self._back.join()
+            self._release_up()
+            self._release_down()
             self._close()
             self._on_finished(self)
 
     def _prepare(self) -> None:
-        """Make the socket for a fixed address ahead (none is made once a client was taken)."""
+        """Make the movers' pipes, and the socket for a fixed address, ahead (no socket is made
+        once a client was taken)."""
+        self._up, self._release_up = ahead(self._mover)
+        self._down, self._release_down = ahead(self._mover)
         if not self._addresses:
             return
         family, kind, proto, _name, _sockaddr = self._addresses[0]
@@ -163,7 +180,7 @@ class Connection:
             upstream, client = self._linked, self._client
             if self._aborted or upstream is None or client is None:
                 return
-        self._pump(upstream, client)
+        self._pump(upstream, client, self._down)
 
     def _forward(self) -> None:
         client = self._client
@@ -186,7 +203,7 @@ class Connection:
         try:
             if not self._first_byte_came(client):
                 self._on_closed(f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)")
-            elif self._pump(client, upstream):
+            elif self._pump(client, upstream, self._up):
                 self._wait_for_client_hangup(client)
         finally:
             # Either both directions are done, the client hung up, or something failed: in every
@@ -202,7 +219,8 @@ class Connection:
         if infos is None:
             infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
         failure: OSError | None = None
-        begun, self._begun = self._begun, None
+        with self._lock:
+            begun, self._begun = self._begun, None
         for family, kind, proto, _name, sockaddr in infos:
             if begun is not None:  # the first address's connect, started by `take`
                 sock, started = begun
@@ -247,10 +265,10 @@ class Connection:
         if failed:
             raise OSError(failed, os.strerror(failed))
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> bool:
+    def _pump(self, src: socket.socket, dst: socket.socket, mover: Mover) -> bool:
         """Move src → dst until EOF, then pass the half-close on. False (and abort) on failure."""
         try:
-            self._mover(src, dst)
+            mover(src, dst)
             dst.shutdown(socket.SHUT_WR)
         except OSError:
             self.abort()

@@ -8,6 +8,10 @@ released, so the two directions of a connection run in parallel.
 - `splice_bytes` moves pages through a pipe with `os.splice` (Linux), so the bytes never enter
   Python. If the kernel refuses to splice these sockets before anything moved, it falls back to
   the copy loop.
+
+`ahead(mover)` makes what a mover needs before it has bytes to move (splice's pipe, about 40 µs
+that would otherwise come before a connection's first bytes): it returns the mover to call once,
+and a release for one never called. Either way the pipe is closed exactly once.
 """
 
 import errno
@@ -36,9 +40,52 @@ def copy_bytes(src: socket.socket, dst: socket.socket) -> None:
 
 
 def splice_bytes(src: socket.socket, dst: socket.socket) -> None:
+    _splice(src, dst, _pipe())
+
+
+def _pipe() -> tuple[int, int, int]:
+    """A pipe grown for splicing: (read end, write end, what one splice may move)."""
     read_end, write_end = os.pipe()
     try:
-        chunk = _grow_pipe(write_end)
+        return read_end, write_end, _grow_pipe(write_end)
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+
+
+def ahead(mover: Mover) -> tuple[Mover, Callable[[], None]]:
+    """`mover` with what it needs made now, to be called at most once; and the release of
+    what was made, for a mover never called (idempotent, and a no-op once it was called)."""
+    if mover is not splice_bytes:
+        return mover, _nothing
+    try:
+        pipe: tuple[int, int, int] | None = _pipe()
+    except OSError:
+        return mover, _nothing  # made when the bytes come, where its failure is reported
+
+    def spliced(src: socket.socket, dst: socket.socket) -> None:
+        nonlocal pipe
+        made, pipe = pipe, None
+        _splice(src, dst, made if made is not None else _pipe())
+
+    def release() -> None:
+        nonlocal pipe
+        made, pipe = pipe, None
+        if made is not None:
+            os.close(made[0])
+            os.close(made[1])
+
+    return spliced, release
+
+
+def _nothing() -> None:
+    return None
+
+
+def _splice(src: socket.socket, dst: socket.socket, pipe: tuple[int, int, int]) -> None:
+    read_end, write_end, chunk = pipe
+    try:
         src_fd, dst_fd = src.fileno(), dst.fileno()
         moved_any = False
         while True:
