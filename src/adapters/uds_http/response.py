@@ -52,8 +52,10 @@ _TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(r"[\x21-\x7e]+")
 _VALUE = re.compile(r"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?", re.ASCII)
 _SPECIAL = frozenset({"host", "content-length", "transfer-encoding"})
-_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: (?:[ \t]|[^\x00\s])*)?")
-_HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+_PLAIN_HEAD = re.compile(
+    rb"HTTP/1\.[01] [2-9][0-9]{2}(?: (?:[ \t]|[^\x00\s])*)?"  # h11's status line, a final status
+    rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[ \t]*(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?[ \t]*)*"  # its header lines
+)
 _CONTENT_LENGTH_DIGITS = 20  # h11's cap on a Content-Length
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # where h11 ends a head
 _H11 = object()  # `_plain_head`: the head is h11's to read
@@ -231,23 +233,19 @@ class ResponseParser:
                 return _H11
             self._searched = max(0, len(buf) - 2)
             return None
-        # Where h11 ends the head too: the first blank line, here the CRLF kind only.
+        # Where h11 ends the head too: the first blank line, here the CRLF kind only. One match
+        # holds the whole head to h11's grammar (a final status, HTTP/1.0 or 1.1, CRLF lines).
         end = blank.end()
         block = bytes(buf[: end - 4])
-        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n" or b"\n" in block.replace(b"\r\n", b""):
+        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n" or _PLAIN_HEAD.fullmatch(block) is None:
             return _H11
         lines = block.split(b"\r\n")
-        status = _STATUS_LINE.fullmatch(lines[0])
-        if status is None or status[2] < b"200":
-            return _H11
         headers: list[tuple[str, str]] = []
         framing = 0
         for line in lines[1:]:
-            field = _HEADER_LINE.fullmatch(line)
-            if field is None:
-                return _H11
-            name = field[1].lower()
-            value = field[2]
+            raw_name, _, raw_value = line.partition(b":")
+            name = raw_name.lower()
+            value = raw_value.strip(b" \t")
             if name == b"content-length":
                 framing += 1
                 if not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
@@ -263,7 +261,7 @@ class ResponseParser:
         self._request = None
         unread = bytes(buf[end:])
         self._buffer = bytearray()
-        return self._head_of(status[1], int(status[2]), tuple(headers), unread, end)
+        return self._head_of(block[5:8], int(block[9:12]), tuple(headers), unread, end)
 
     # -- the wording of failures ------------------------------------------------------------------
 

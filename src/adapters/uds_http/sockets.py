@@ -57,10 +57,14 @@ class SocketStream:
         except (OSError, ValueError) as exc:
             sock.close()
             raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
-        return cls(sock)
+        stream = cls(sock)
+        stream._timeout = limit  # as set for the connect: a write with the same limit sets nothing
+        return stream
 
     def send_all(self, data: bytes, timeout: float) -> None:
-        self._settimeout(max(timeout, 0.0))
+        timeout = max(timeout, 0.0)
+        if timeout != self._timeout:
+            self._settimeout(timeout)
         self._sock.sendall(data)
 
     def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
