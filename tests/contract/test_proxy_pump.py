@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from adapters.proxy.pump import Mover, copy_bytes, splice_bytes
+from adapters.proxy.pump import Mover, ahead, copy_bytes, splice_bytes
 
 MOVERS = [pytest.param(splice_bytes, id="splice"), pytest.param(copy_bytes, id="copy")]
 
@@ -124,3 +124,39 @@ def test_splice_does_not_hide_a_real_failure_behind_the_fallback(monkeypatch: py
     with moving(splice_bytes) as (writer, _reader, failures):
         writer.sendall(b"x")
     assert len(failures) == 1 and isinstance(failures[0], ConnectionResetError)
+
+
+def pipes_open() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+        except OSError:
+            continue
+    return count
+
+
+def test_a_splice_made_ahead_holds_its_pipe_until_it_moves_and_then_closes_it() -> None:
+    before = pipes_open()
+    spliced, release = ahead(splice_bytes)
+    assert pipes_open() == before + 2  # the pipe is made now, not when the bytes come
+    data = random.Random(4).randbytes(400_000)
+    with moving(spliced) as (writer, reader, failures):
+        assert send_then_read(writer, reader, data) == data
+    assert failures == []
+    release()  # after the move: nothing left to release
+    assert pipes_open() == before
+
+
+def test_a_splice_made_ahead_and_never_called_gives_its_pipe_back_once() -> None:
+    before = pipes_open()
+    _spliced, release = ahead(splice_bytes)
+    release()
+    release()
+    assert pipes_open() == before
+
+
+def test_a_mover_that_needs_nothing_ahead_is_handed_back_as_it_is() -> None:
+    mover, release = ahead(copy_bytes)
+    assert mover is copy_bytes
+    release()

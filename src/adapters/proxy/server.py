@@ -77,7 +77,7 @@ class Proxy:
         self._open: set[Connection] = set()
         self._spare: Connection | None = None
         self._taken: list[Connection] = []  # taken by a client in this turn, to wake before the select
-        self._spare_at: float | None = None  # when to make the next spare, while there is none
+        self._spare_at: float | None = time.monotonic()  # when to make the next spare, while there is none
         self._finished: list[threading.Thread] = []
         self._changed = threading.Condition()
         self._stopping = False
@@ -132,7 +132,6 @@ class Proxy:
         try:
             selector.register(listener, selectors.EVENT_READ, _ACCEPT)
             selector.register(self._wake_read, selectors.EVENT_READ, _WAKE)
-            self._spare_at = time.monotonic()
             while not self._stopping:
                 self._make_spare()
                 self._watch_log(selector)

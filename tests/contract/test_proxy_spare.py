@@ -1,0 +1,108 @@
+"""The spare connection: two threads started before a client arrives, with its splice pipes and
+(for a numeric upstream) its unconnected socket made ahead. It opens nothing upstream before a
+client takes it, counts against neither limit until then, and dies with the proxy."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+from adapters.proxy.options import ProxyLimits
+from adapters.proxy.testing import LoopbackUpstream, echo, running_proxy
+
+
+def round_trip(client: socket.socket, message: bytes) -> bytes:
+    client.settimeout(2)
+    client.sendall(message)
+    got = b""
+    while len(got) < len(message) and (chunk := client.recv(len(message) - len(got))):
+        got += chunk
+    return got
+
+
+def spare_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("inferproxy-") and "-spare" in t.name)
+
+
+def sockets_and_pipes() -> int:
+    """Descriptors of the kinds a spare holds (its pipes and its socket)."""
+    kinds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            kinds.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    return sum(kind.startswith(("socket:", "pipe:")) for kind in kinds)
+
+
+def test_the_spare_waits_with_its_threads_and_opens_no_upstream_connection_until_a_client_takes_it(
+    tmp_path: Path,
+) -> None:
+    with (
+        LoopbackUpstream(echo) as upstream,
+        running_proxy(str(tmp_path / "p.sock"), upstream.address) as proxy,
+    ):
+        assert proxy.proxy.wait_idle(2)
+        assert spare_threads() == ["inferproxy-1-spare", "inferproxy-1-spare-back"]
+        assert upstream.accepted == 0
+        assert proxy.proxy.open_connections == 0
+
+        with proxy.connect() as client:
+            assert round_trip(client, b"ping") == b"ping"
+            # Taken: its threads bear the connection's name, and a new spare is on its way.
+            names = {t.name for t in threading.enumerate()}
+            assert {"inferproxy-1", "inferproxy-1-back"} <= names
+        assert proxy.proxy.wait_idle(2)
+
+        assert upstream.accepted == 1  # one upstream connection, for the one client
+        assert spare_threads() == ["inferproxy-2-spare", "inferproxy-2-spare-back"]
+
+
+def test_the_spare_counts_against_no_limit_and_the_limit_still_refuses_the_third(tmp_path: Path) -> None:
+    with (
+        LoopbackUpstream(echo) as upstream,
+        running_proxy(str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=2)) as proxy,
+    ):
+        two = [proxy.connect() for _ in range(2)]
+        try:
+            assert [round_trip(c, b"hi") for c in two] == [b"hi", b"hi"]
+            assert proxy.proxy.open_connections == 2
+            with proxy.connect() as third:
+                third.settimeout(2)
+                assert third.recv(1) == b""  # closed at once: two are open, whatever waits ahead
+            assert proxy.lines == ["refused a connection: 2 connections already open"]
+            assert upstream.accepted == 2
+        finally:
+            for client in two:
+                client.close()
+        assert proxy.proxy.wait_idle(2)
+        with proxy.connect() as again:
+            assert round_trip(again, b"back") == b"back"  # a place came free: a spare takes it
+
+
+def test_the_spare_dies_with_the_proxy_leaving_no_thread_and_no_descriptor(tmp_path: Path) -> None:
+    with LoopbackUpstream(echo) as upstream:
+        descriptors = sockets_and_pipes()
+        with running_proxy(str(tmp_path / "p.sock"), upstream.address) as proxy:
+            assert proxy.proxy.wait_idle(2)
+            with proxy.connect() as client:
+                assert round_trip(client, b"ping") == b"ping"
+            assert proxy.proxy.wait_idle(2)
+            assert spare_threads()  # one waits now, with its pipes and its socket
+            assert sockets_and_pipes() > descriptors
+        assert spare_threads() == []
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("inferproxy-")]
+        assert sockets_and_pipes() == descriptors
+
+
+def test_a_named_upstream_is_resolved_at_the_connect_and_still_forwards(tmp_path: Path) -> None:
+    with LoopbackUpstream(echo) as upstream:
+        named = type(upstream.address)("localhost", upstream.address.port)
+        with running_proxy(str(tmp_path / "p.sock"), named) as proxy:
+            assert proxy.proxy.wait_idle(2)
+            with proxy.connect() as client:
+                assert round_trip(client, b"by name") == b"by name"
+            assert proxy.proxy.wait_idle(2)
+        assert upstream.accepted == 1
