@@ -12,7 +12,8 @@ within every round, each a new connection:
     stamped    raw request through a second inferproxy whose connections note the time of their
                accept, their upstream connect and the first byte ready in each direction
 
-Each figure is the median over the rounds of the time from the start of the request (the raw
+A pause of `PAUSE_S` comes before each request, so each starts as a request after a pause does,
+on cold caches. Each figure is the median over the rounds of the time from the start of the request (the raw
 connect, or the call) to its first content byte (raw) or first `Content` event (the client). The
 client's times are noted by a transport that wraps the real one (request written, response head);
 the stamped proxy's by a subclass of its connection in that proxy's process. Every process reads
@@ -448,7 +449,8 @@ def measure(
                 samples.add("proxy", start, first)
                 samples.add("proxy connect", start, connected)
             time.sleep(PAUSE_S)
-            for name in ("client", "aclient"):
+            # The two clients swap places every round: the one that runs first finds colder caches.
+            for name in ("client", "aclient") if index % 2 else ("aclient", "client"):
                 marks.reset()
                 if name == "client":
                     start = ns()

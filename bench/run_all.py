@@ -22,6 +22,7 @@ SUITES = [
     ("async client vs sync client and AsyncOpenAI; 32 streams on one loop vs 32 threads", "async_bench"),
     ("asyncio reads of small chunks: loop.sock_recv vs streams", "aio_read_bench"),
     ("end to end against the real llama-server", "e2e_bench"),
+    ("first token by path: direct TCP, inferproxy, the client; where the time goes", "first_token_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
 ]
 
