@@ -15,5 +15,6 @@ the slot given back, and `asyncio.CancelledError` propagates. A `CancelToken` (`
 
 from app._async.client import AsyncClient, EventSink
 from app.event_stream import AsyncEventStream
+from domain.prompt_cache import Checkpoint
 
-__all__ = ["AsyncClient", "AsyncEventStream", "EventSink"]
+__all__ = ["AsyncClient", "AsyncEventStream", "Checkpoint", "EventSink"]

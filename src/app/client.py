@@ -11,5 +11,6 @@ and `app._async.call`) by `scripts/unasync.py`, so the two flavours are one call
 from app._sync.client import Client, EventSink
 from app.event_stream import EventStream
 from domain.llama_api import Props, SlotInfo, Token
+from domain.prompt_cache import Checkpoint
 
-__all__ = ["Client", "EventSink", "EventStream", "Props", "SlotInfo", "Token"]
+__all__ = ["Checkpoint", "Client", "EventSink", "EventStream", "Props", "SlotInfo", "Token"]

@@ -251,12 +251,13 @@ class Checkpoint:
 
 def restore_refusal(checkpoint: Checkpoint, props: Props, tokens: Sequence[int] | None) -> str | None:
     """None when `checkpoint` may go back into a server that says `props`, before a request whose
-    prompt is `tokens` (None: no request); else why not. The server checks none of it: a file saved
-    under another template restores with 200 and then reuses nothing."""
+    prompt is `tokens` (None: no request); else why not, in words that quote nothing the server
+    sent (they are logged). The server checks none of it: a file saved under another template
+    restores with 200 and then reuses nothing."""
     if props.chat_template_sha256 != checkpoint.template_sha256:
         return "the server's chat template is not the one it was saved under"
     if server_model(props) != checkpoint.model:
-        return f"the server runs {server_model(props)!r}, not {checkpoint.model!r}"
+        return "the server runs another model than the one it was saved under"
     if props.n_ctx != checkpoint.n_ctx:
         return f"the server's slot context is {props.n_ctx}, not {checkpoint.n_ctx}"
     if tokens is not None and not covers(checkpoint, tokens):

@@ -15,7 +15,8 @@ from app.config import parse_config
 from app.container import Container
 from cache_server import ANSWER, CachingLlama
 from client_support import LIMITS, RETRY, Kind
-from domain.errors import RequestError
+from domain.cancel import CancelToken
+from domain.errors import Cancelled, ClientClosed, RequestError
 from domain.events import CacheCause, CachePrediction, ChatEvent, Content
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
@@ -230,3 +231,58 @@ def test_a_slot_that_is_not_the_servers_is_refused_before_any_request(server: Fa
     with pytest.raises(RequestError, match="slot -1 is negative"):
         client.restore_slot(-1)
     assert all(not p.startswith("POST /slots") for p in paths(server))
+
+
+def test_a_closed_client_saves_and_restores_nothing(server: FakeServer, client_kind: Kind) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    client.close()
+    del server.requests[:]
+    with pytest.raises(ClientClosed):
+        client.save_slot(0)
+    with pytest.raises(ClientClosed):
+        client.restore_slot(0)
+    assert server.requests == []
+
+
+def test_a_cancelled_token_saves_nothing(server: FakeServer, client_kind: Kind) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    token = CancelToken()
+    token.cancel()
+    with pytest.raises(Cancelled):
+        client.save_slot(0, token)
+    assert all(not p.startswith("POST /slots") for p in paths(server))
+
+
+MARKER = "MARKER-77d2a0"
+
+
+def test_the_prediction_and_the_checkpoints_log_no_text_of_the_server_or_the_caller(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server, reasoning=f"thinking of {MARKER} " * 8, template=f"template {MARKER}")
+    client = client_for(client_kind, server)
+    system = SystemMessage(f"rules with {MARKER} " * 8)
+    with caplog.at_level(logging.DEBUG, logger="inferpath"):
+        turn(client, system, ASK, thinking=True)
+        turn(client, system, ASK, AssistantMessage(ANSWER), UserMessage(MARKER), thinking=True)  # dropped
+        assert client.save_slot(0) is not None
+        llama.restart()
+        llama.template = f"another {MARKER}"  # not restored: the template changed
+        turn(client, system, UserMessage(MARKER))
+        llama.template = f"template {MARKER}"
+        assert client.save_slot(0) is not None
+        llama.restart()
+        llama.restore_lies = True  # restored, and it did not help
+        turn(client, system, UserMessage(MARKER), AssistantMessage(ANSWER), UserMessage(MARKER))
+        server.route("GET", "/slots", error_reply(500, f"broken {MARKER}"))
+        turn(client, system, UserMessage(MARKER))
+        server.route("POST", "/apply-template", error_reply(404, f"no such {MARKER}", "not_found_error"))
+        turn(client, system, UserMessage(MARKER))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("not restored" in m for m in messages) and any("did not help" in m for m in messages)
+    assert any("prediction skipped" in m for m in messages) and any("prediction off" in m for m in messages)
+    formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
+    assert [formatter.format(r) for r in caplog.records if MARKER in formatter.format(r)] == []

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 START_DEADLINE_S = 20.0
@@ -26,15 +27,16 @@ def proxy_command() -> list[str]:
 class ProxyProcess:
     """One `inferproxy` forwarding `socket_path` to `upstream`; restartable on the same path."""
 
-    def __init__(self, upstream: str, socket_path: str | None = None) -> None:
+    def __init__(self, upstream: str, socket_path: str | None = None, extra_args: Sequence[str] = ()) -> None:
         self.upstream = upstream
+        self.extra_args = tuple(extra_args)  # more flags, e.g. a lifted accept rate for a bench
         self._folder = None if socket_path else tempfile.mkdtemp(prefix="inferproxy-")
         self.socket_path = socket_path or str(Path(self._folder or "") / "infer.sock")
         self.process: subprocess.Popen[str] | None = None
         self.start_line = ""
 
     def start(self) -> ProxyProcess:
-        argv = [*proxy_command(), "--listen", self.socket_path, "--upstream", self.upstream]
+        argv = [*proxy_command(), "--listen", self.socket_path, "--upstream", self.upstream, *self.extra_args]
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -258,7 +258,7 @@ def test_a_checkpoint_restores_into_the_server_it_was_saved_from() -> None:
     ("changes", "words"),
     [
         ({"template_sha256": "b" * 64}, "chat template"),
-        ({"model": "/models/other.gguf"}, "'/models/other.gguf'"),
+        ({"model": "/models/other.gguf"}, "another model"),
         ({"n_ctx": 8192}, "slot context is 4096, not 8192"),
     ],
 )

@@ -5,9 +5,10 @@ twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
 The life of one chat request (the brief, section 4):
 
-    gate (Queued, at most busy_wait_ms) -> open + send -> first-byte wait (a /slots poll each
-    poll_ms: Waiting) -> the stream, fed to `domain.chat_stream` (liveness, thinking cap:
-    reasoning_end on a second connection) -> Completion
+    gate (Queued, at most busy_wait_ms) -> the cache prediction (`PromptCache.before`:
+    CachePrediction, a checkpoint restored into an emptied slot) -> open + send -> first-byte
+    wait (a /slots poll each poll_ms: Waiting) -> the stream, fed to `domain.chat_stream`
+    (liveness, thinking cap: reasoning_end on a second connection) -> Completion
 
 Every rule lives in a domain object (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`,
 `domain.bodies`, `domain.limits`), every byte of llama-server's API in `domain.llama_api`, and
