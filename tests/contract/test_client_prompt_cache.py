@@ -5,11 +5,12 @@ prediction is checked against the `cache_n` that cache then reports."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, error_reply
+from adapters.fake_server import FakeServer, error_reply, silence
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
@@ -286,3 +287,18 @@ def test_the_prediction_and_the_checkpoints_log_no_text_of_the_server_or_the_cal
     assert any("prediction skipped" in m for m in messages) and any("prediction off" in m for m in messages)
     formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
     assert [formatter.format(r) for r in caplog.records if MARKER in formatter.format(r)] == []
+
+
+def test_a_server_that_does_not_answer_the_prediction_delays_the_turn_by_a_probe_timeout(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    server.route("POST", "/apply-template", silence())
+    started = time.monotonic()
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    elapsed = time.monotonic() - started
+    assert Content(ANSWER) in events and predictions(events) == []
+    # the probe's limit is min(poll_ms, 2 s) = 100 ms here; the chat itself takes a few ms
+    assert 0.1 <= elapsed < 0.5, elapsed

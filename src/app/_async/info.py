@@ -69,12 +69,16 @@ class AsyncServerInfo:
         """`slot`, or `RequestError` when it is not one of the server's slots."""
         return check_slot(slot, await self.slot_count(token))
 
-    async def get(self, path: str, token: CancelToken) -> bytes:
+    async def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
+        """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
+        the server answers at once or not at all)."""
         path = with_model(path, self._settings.model)
-        return await fetch(self._transport, self._clock, "GET", path, None, self._limits.info(), token)
+        limits = self._limits.probe() if quick else self._limits.info()
+        return await fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
-    async def post(self, path: str, body: bytes, token: CancelToken) -> bytes:
-        return await fetch(self._transport, self._clock, "POST", path, body, self._limits.info(), token)
+    async def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
+        limits = self._limits.probe() if quick else self._limits.info()
+        return await fetch(self._transport, self._clock, "POST", path, body, limits, token)
 
     async def slot_count(self, token: CancelToken) -> int:
         if self._total_slots is None:

@@ -11,6 +11,9 @@ and its checkpoint matches the server and the request, the checkpoint is restore
 turn's `cache_n` says whether that helped (a WARNING when it did not).
 
 Invariants:
+- The prediction's requests run on the server's HTTP thread and are answered at once: each gets
+  the probe's short limits (`ClientLimits.probe()`), so a server that does not answer them
+  delays a turn by at most three of those.
 - The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
   WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
 - A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
@@ -96,7 +99,7 @@ class AsyncPromptCache:
             if previous is None:
                 return None, now
             before = previous.rendered or await self._render(previous.body, token)
-            held = slot_held(await self._info.get(SLOTS_PATH, token), slot)
+            held = slot_held(await self._info.get(SLOTS_PATH, token, quick=True), slot)
             loss = self._settings.loss_tokens
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
@@ -139,8 +142,9 @@ class AsyncPromptCache:
             )
 
     async def _render(self, body: bytes, token: CancelToken) -> Rendered:
-        text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token))
-        tokens = parse_token_ids(await self._info.post(TOKENIZE_PATH, token_ids_body(text, self._model), token))
+        text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=True))
+        ids = token_ids_body(text, self._model)
+        tokens = parse_token_ids(await self._info.post(TOKENIZE_PATH, ids, token, quick=True))
         return Rendered.of(text, tokens)
 
     # -- checkpoints --------------------------------------------------------------------------

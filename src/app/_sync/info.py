@@ -70,12 +70,16 @@ class ServerInfo:
         """`slot`, or `RequestError` when it is not one of the server's slots."""
         return check_slot(slot, self.slot_count(token))
 
-    def get(self, path: str, token: CancelToken) -> bytes:
+    def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
+        """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
+        the server answers at once or not at all)."""
         path = with_model(path, self._settings.model)
-        return fetch(self._transport, self._clock, "GET", path, None, self._limits.info(), token)
+        limits = self._limits.probe() if quick else self._limits.info()
+        return fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
-    def post(self, path: str, body: bytes, token: CancelToken) -> bytes:
-        return fetch(self._transport, self._clock, "POST", path, body, self._limits.info(), token)
+    def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
+        limits = self._limits.probe() if quick else self._limits.info()
+        return fetch(self._transport, self._clock, "POST", path, body, limits, token)
 
     def slot_count(self, token: CancelToken) -> int:
         if self._total_slots is None:
