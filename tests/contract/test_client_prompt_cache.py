@@ -28,10 +28,11 @@ ASK = UserMessage("What is the capital of France?")
 LONG_REASONING = "The user asks for a capital. France's capital is Paris, as every atlas says. " * 2
 
 
-def client_for(kind: Kind, server: FakeServer, *, predict: bool = True) -> Client:
+def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000) -> Client:
+    """A client whose prediction requests may take up to `poll_ms` (the probe's limit)."""
     data: dict[str, Any] = {
         "socket": server.socket_path,
-        "limits": LIMITS,
+        "limits": {**LIMITS, "poll_ms": poll_ms},
         "retry": RETRY,
         "cache": {"predict": predict},
     }
@@ -293,7 +294,7 @@ def test_a_server_that_does_not_answer_the_prediction_delays_the_turn_by_a_probe
     server: FakeServer, client_kind: Kind
 ) -> None:
     CachingLlama(server)
-    client = client_for(client_kind, server)
+    client = client_for(client_kind, server, poll_ms=100)
     turn(client, SYSTEM, ASK)
     server.route("POST", "/apply-template", silence())
     started = time.monotonic()

@@ -141,10 +141,10 @@ class AsyncPromptCache:
                 prediction.reused,
             )
 
-    async def _render(self, body: bytes, token: CancelToken) -> Rendered:
-        text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=True))
+    async def _render(self, body: bytes, token: CancelToken, *, quick: bool = True) -> Rendered:
+        text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=quick))
         ids = token_ids_body(text, self._model)
-        tokens = parse_token_ids(await self._info.post(TOKENIZE_PATH, ids, token, quick=True))
+        tokens = parse_token_ids(await self._info.post(TOKENIZE_PATH, ids, token, quick=quick))
         return Rendered.of(text, tokens)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -158,7 +158,7 @@ class AsyncPromptCache:
         count, digest = covered(())
         previous = self._turns.get(slot)
         if previous is not None:
-            rendered = previous.rendered or await self._render(previous.body, token)
+            rendered = previous.rendered or await self._render(previous.body, token, quick=False)
             self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
             count, digest = covered(rendered.tokens)
         name = checkpoint_filename(slot)

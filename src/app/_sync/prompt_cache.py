@@ -142,10 +142,10 @@ class PromptCache:
                 prediction.reused,
             )
 
-    def _render(self, body: bytes, token: CancelToken) -> Rendered:
-        text = parse_rendered(self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=True))
+    def _render(self, body: bytes, token: CancelToken, *, quick: bool = True) -> Rendered:
+        text = parse_rendered(self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=quick))
         ids = token_ids_body(text, self._model)
-        tokens = parse_token_ids(self._info.post(TOKENIZE_PATH, ids, token, quick=True))
+        tokens = parse_token_ids(self._info.post(TOKENIZE_PATH, ids, token, quick=quick))
         return Rendered.of(text, tokens)
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -159,7 +159,7 @@ class PromptCache:
         count, digest = covered(())
         previous = self._turns.get(slot)
         if previous is not None:
-            rendered = previous.rendered or self._render(previous.body, token)
+            rendered = previous.rendered or self._render(previous.body, token, quick=False)
             self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
             count, digest = covered(rendered.tokens)
         name = checkpoint_filename(slot)
