@@ -14,7 +14,7 @@ from adapters.fake_server import FakeServer, error_reply, silence
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
-from cache_server import ANSWER, CachingLlama
+from cache_server import ANSWER, CachingLlama, render
 from client_support import LIMITS, RETRY, Kind
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed, RequestError
@@ -66,6 +66,7 @@ def test_a_turn_that_extends_the_last_one_is_predicted_before_it_is_sent(server:
     assert prediction.reused == llama.cache_n[1]  # exact, against the cache's own count
     assert not prediction.lost and prediction.cause is None
     assert paths(server)[:3] == ["POST /apply-template", "POST /tokenize", "GET /slots?model=default"]
+    assert server.requests[1].json() == {"content": render(server.requests[3].json()), "model": "default"}
     assert paths(server)[3] == "POST /v1/chat/completions"
 
 
@@ -142,7 +143,10 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def test_a_checkpoint_is_restored_by_itself_after_a_restart(server: FakeServer, client_kind: Kind) -> None:
+def test_a_checkpoint_is_restored_by_itself_after_a_restart(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="inferpath")
     llama = CachingLlama(server)
     client = client_for(client_kind, server, predict=False)  # a checkpoint is predicted either way
     turn(client, SYSTEM, ASK)
@@ -159,6 +163,9 @@ def test_a_checkpoint_is_restored_by_itself_after_a_restart(server: FakeServer, 
     assert prediction.reused == llama.cache_n[1] and not prediction.lost
     assert "POST /slots/0?action=restore" in paths(server)
     assert paths(server)[-1] == "POST /v1/chat/completions"
+    # the save rendered turn 1 once and kept it: this turn rendered only itself
+    assert paths(server).count("POST /apply-template") == 1
+    assert caplog.records == []  # it helped: nothing to say
 
 
 def test_a_checkpoint_saved_under_another_template_is_not_restored(
@@ -303,3 +310,53 @@ def test_a_server_that_does_not_answer_the_prediction_delays_the_turn_by_a_probe
     assert Content(ANSWER) in events and predictions(events) == []
     # the probe's limit is min(poll_ms, 2 s) = 100 ms here; the chat itself takes a few ms
     assert 0.1 <= elapsed < 0.5, elapsed
+
+
+def test_an_older_checkpoint_is_predicted_by_what_it_covers(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None
+    history = [SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?")]
+    turn(client, *history)  # a turn the checkpoint does not hold
+    llama.restart()
+
+    [prediction] = predictions(turn(client, *history, AssistantMessage(ANSWER), UserMessage("And of Italy?")))
+
+    assert prediction.restored == checkpoint.tokens
+    # no more than the prompt it covers is counted on, and the server reuses at least that
+    assert prediction.reused == checkpoint.prompt_tokens <= llama.cache_n[2]
+
+
+def test_a_checkpoint_is_not_restored_before_a_request_that_does_not_begin_with_its_prompt(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    assert client.save_slot(0) is not None
+    other = [SystemMessage("Other rules."), ASK]
+    turn(client, *other)  # the slot moves on to another conversation
+    llama.restart()
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        [prediction] = predictions(turn(client, *other, AssistantMessage(ANSWER), UserMessage("More.")))
+    assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED)
+    assert "POST /slots/0?action=restore" not in paths(server)
+    assert any("the request does not begin with the prompt it covers" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restore_the_server_refuses_is_said_and_the_turn_goes_on(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    assert client.save_slot(0) is not None
+    llama.restart()
+    llama.files.clear()  # the server lost the file: 400
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    [prediction] = predictions(events)
+    assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED) and Content(ANSWER) in events
+    assert any("not restored: HttpError (HTTP 400)" in r.getMessage() for r in caplog.records), caplog.text

@@ -290,3 +290,36 @@ def test_a_checkpoint_covers_its_prompt_but_the_generation_prompt_at_its_end() -
     assert covers(saved, [*PROMPT1[:-1], 7, 8, 9])
     assert not covers(saved, PROMPT1[: count - 1])
     assert not covers(saved, [0, *PROMPT1])
+
+
+def test_a_message_whose_kind_changed_is_a_changed_message() -> None:
+    changed = ChatRequest(slot=0, messages=(UserMessage(SYSTEM.content), ASK, AssistantMessage(ANSWER)))
+    now = rendered(PROMPT1[:2] + [7] * 300, "x")
+    prediction = predict(turn(), BEFORE, changed, now, held=399, loss_tokens=LOSS)
+    assert (prediction.message, prediction.cause) == (0, CacheCause.MESSAGE_CHANGED)
+
+
+def test_the_same_messages_rendered_differently_name_the_turn_after_them() -> None:
+    # the template renders the very same messages otherwise (a date in it, say)
+    now = rendered(PROMPT1[:250] + [7] * 60, "x")
+    prediction = predict(turn(), BEFORE, FIRST, now, held=399, loss_tokens=LOSS)
+    assert (prediction.reused, prediction.message, prediction.cause) == (250, 2, None)
+
+
+def test_the_same_request_again_reuses_its_prompt_and_names_the_missing_answer() -> None:
+    prediction = predict(turn(), BEFORE, FIRST, BEFORE, held=399, loss_tokens=LOSS)
+    assert prediction == CachePrediction(300, 400, True, 2, CacheCause.MESSAGE_CHANGED)
+
+
+def test_an_answer_sent_back_but_rendered_otherwise_without_reasoning_has_no_cause() -> None:
+    now = rendered(PROMPT1 + [7] * 100, TEXT1 + "- " + ANSWER)
+    prediction = predict(turn(), BEFORE, follow_up(), now, held=399, loss_tokens=LOSS)
+    assert prediction == CachePrediction(300, 400, True, 2, None)
+
+
+def test_a_tool_call_answer_sent_back_as_made_is_reused_whole() -> None:
+    call = ToolCall("1", "f", '{"a": 1}')
+    previous = SlotTurn.of(FIRST, b"{}", BEFORE, Completion("c", None, None, (call,), timings=Timings(0, 300, 100)))
+    now = rendered([*PROMPT1, 7], TEXT1 + "<call>")
+    prediction = predict(previous, BEFORE, follow_up(AssistantMessage(None, None, [call])), now, 399, LOSS)
+    assert (prediction.reused, prediction.lost) == (399, False)
