@@ -141,6 +141,39 @@ def reasoning_errors(socket_path: str, cases: int) -> list[int]:
     return out
 
 
+def long_rules() -> SystemMessage:
+    """About 3,000 tokens of house rules for the small model."""
+    lines = [
+        f"Rule {i}: when the user mentions item number {i}, describe it as {c} and {z}."
+        for i, (c, z) in enumerate(
+            ((c, z) for c in ("red", "green", "blue", "amber", "violet") for z in ("small", "large", "round")), start=1
+        )
+    ]
+    return SystemMessage(f"Session {secrets.token_hex(4)}.\n" + "\n".join(lines * 9))
+
+
+def after_restart(folder: Path, *, checkpoint: bool) -> tuple[float, float, int]:
+    """A 3,000-token session, the server restarted after turn 1 (with a checkpoint saved first,
+    or not): the cold turn's and the next turn's seconds to the first token, and the next
+    turn's cache_n."""
+    saves = folder / "slots"
+    server = llama.launch("tools", log_dir=folder, slot_save_path=saves)
+    try:
+        with ProxyProcess(f"{server.host}:{server.port}", extra_args=LIFTED) as proxy:
+            client = client_on(proxy.socket_path, predict=True)
+            rules = long_rules()
+            cold, cold_s, _ = turn(client, [rules, ASK])
+            if checkpoint:
+                assert client.save_slot(0) is not None
+            port = server.port
+            server.stop()
+            server = llama.launch("tools", log_dir=folder, slot_save_path=saves, port=port)
+            warm, warm_s, _ = turn(client, [rules, ASK, answer(cold), NEXT])
+    finally:
+        server.stop()
+    return cold_s, warm_s, warm.timings.cache_n
+
+
 def _error(result: tuple[Completion, float, CachePrediction | None]) -> int:
     completion, _, prediction = result
     assert prediction is not None
@@ -203,6 +236,21 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
         ProxyProcess(f"{server.host}:{server.port}", extra_args=LIFTED) as proxy,
     ):
         found += errors(proxy.socket_path, 0, cases, unified=True)
+    if not quick:
+        cold, warm, cached = after_restart(folder / "restored", checkpoint=True)
+        rows.append(
+            (
+                "3,000-token session after a restart, from its checkpoint",
+                f"first token {warm:.2f} s ({warm / cold:.2f}x the cold {cold:.2f} s), {cached} cached",
+            )
+        )
+        cold, warm, cached = after_restart(folder / "cold", checkpoint=False)
+        rows.append(
+            (
+                "the same without a checkpoint",
+                f"first token {warm:.2f} s ({warm / cold:.2f}x the cold {cold:.2f} s), {cached} cached",
+            )
+        )
     exact = sum(1 for e in found if e == 0)
     rows.append(
         (
