@@ -142,14 +142,7 @@ def reasoning_errors(socket_path: str, cases: int) -> list[int]:
 
 
 def long_rules() -> SystemMessage:
-    """About 3,000 tokens of house rules for the small model."""
-    lines = [
-        f"Rule {i}: when the user mentions item number {i}, describe it as {c} and {z}."
-        for i, (c, z) in enumerate(
-            ((c, z) for c in ("red", "green", "blue", "amber", "violet") for z in ("small", "large", "round")), start=1
-        )
-    ]
-    return SystemMessage(f"Session {secrets.token_hex(4)}.\n" + "\n".join(lines * 9))
+    return SystemMessage(llama.house_rules(secrets.token_hex(4)))
 
 
 def after_restart(folder: Path, *, checkpoint: bool) -> tuple[float, float, int]:

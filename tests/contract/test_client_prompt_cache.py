@@ -143,6 +143,16 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
 # -- checkpoints --------------------------------------------------------------------------------
 
 
+def saved_then_restarted(server: FakeServer, kind: Kind) -> tuple[CachingLlama, Client]:
+    """One turn on slot 0, its checkpoint saved, and the server restarted (the slot emptied)."""
+    llama = CachingLlama(server)
+    client = client_for(kind, server)
+    turn(client, SYSTEM, ASK)
+    assert client.save_slot(0) is not None
+    llama.restart()
+    return llama, client
+
+
 def test_a_checkpoint_is_restored_by_itself_after_a_restart(
     server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -171,11 +181,7 @@ def test_a_checkpoint_is_restored_by_itself_after_a_restart(
 def test_a_checkpoint_saved_under_another_template_is_not_restored(
     server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
 ) -> None:
-    llama = CachingLlama(server)
-    client = client_for(client_kind, server)
-    turn(client, SYSTEM, ASK)
-    assert client.save_slot(0) is not None
-    llama.restart()
+    llama, client = saved_then_restarted(server, client_kind)
     llama.template = "another template"
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("Spain?")))
@@ -187,11 +193,7 @@ def test_a_checkpoint_saved_under_another_template_is_not_restored(
 def test_a_restore_that_did_not_help_says_so(
     server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
 ) -> None:
-    llama = CachingLlama(server)
-    client = client_for(client_kind, server)
-    turn(client, SYSTEM, ASK)
-    assert client.save_slot(0) is not None
-    llama.restart()
+    llama, client = saved_then_restarted(server, client_kind)
     llama.restore_lies = True
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("Spain?")))
@@ -349,11 +351,7 @@ def test_a_checkpoint_is_not_restored_before_a_request_that_does_not_begin_with_
 def test_a_restore_the_server_refuses_is_said_and_the_turn_goes_on(
     server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
 ) -> None:
-    llama = CachingLlama(server)
-    client = client_for(client_kind, server)
-    turn(client, SYSTEM, ASK)
-    assert client.save_slot(0) is not None
-    llama.restart()
+    llama, client = saved_then_restarted(server, client_kind)
     llama.files.clear()  # the server lost the file: 400
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))

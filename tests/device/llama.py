@@ -74,6 +74,19 @@ GET_TIME_TOOL: dict[str, Any] = {
 }
 
 
+def house_rules(session: str) -> str:
+    """About 3,000 tokens of house rules for the small model, each line different, opened by
+    `session` (so that no earlier request, and no RAM prompt cache, holds them)."""
+    pairs = [
+        (colour, size) for colour in ("red", "green", "blue", "amber", "violet") for size in ("small", "large", "round")
+    ]
+    lines = [
+        f"Rule {i}: when the user mentions item number {i}, describe it as {c} and {z}."
+        for i, (c, z) in enumerate(pairs, 1)
+    ]
+    return f"Session {session}.\n" + "\n".join(lines * 9)
+
+
 def _load_setup_script() -> ModuleType:
     path = REPO / "scripts" / "llama_server.py"
     spec = importlib.util.spec_from_file_location("inferpath_llama_server_setup", path)

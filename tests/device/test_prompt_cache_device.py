@@ -147,15 +147,7 @@ def test_a_slot_a_unified_kv_cache_emptied_is_predicted(proxy_to: Any, client_ki
 
 
 def long_rules() -> SystemMessage:
-    """About 3,000 tokens of house rules for the small model, each line different."""
-    lines = [
-        f"Rule {i}: when the user mentions item number {i}, describe it as {colour} and {size}."
-        for i, (colour, size) in enumerate(
-            ((c, s) for c in ("red", "green", "blue", "amber", "violet") for s in ("small", "large", "round")),
-            start=1,
-        )
-    ]
-    return SystemMessage(f"Session {secrets.token_hex(4)}.\n" + "\n".join(lines * 9))
+    return SystemMessage(llama.house_rules(secrets.token_hex(4)))
 
 
 def test_a_restarted_server_gets_the_session_back_from_its_checkpoint(
