@@ -16,9 +16,9 @@ __all__ = ["log_done", "retrying"]
 log = logging.getLogger("inferpath.client")
 
 
-def log_done(last_timings: dict[int, Timings], slot: int, completion: Completion) -> None:
-    """The counts of a finished call, and the cache outcome against the slot's previous one
-    (`last_timings`, per slot, is updated)."""
+def log_done(slot: int, completion: Completion, previous: Timings | None, loss_tokens: int) -> None:
+    """The counts of a finished call, and the cache outcome against the slot's previous request
+    (`previous`, None when the client ran none there)."""
     t = completion.timings
     log.debug(
         "slot %d: %s, %d prompt tokens (%d cached), %d predicted, %d reasoning%s",
@@ -30,10 +30,8 @@ def log_done(last_timings: dict[int, Timings], slot: int, completion: Completion
         completion.reasoning_tokens,
         ", thinking capped" if completion.thinking_capped else "",
     )
-    previous = last_timings.get(slot)
-    last_timings[slot] = t
     if previous is not None and log.isEnabledFor(logging.DEBUG):
-        log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t))
+        log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t, loss_tokens))
 
 
 def retrying(slot: int, attempts: Attempts, error: InferError, now: float, *, offset: int | None = None) -> Retrying:

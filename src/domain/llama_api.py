@@ -226,23 +226,27 @@ def control_refusal(raw: bytes) -> str | None:
     return f"the server answered {_show(answer)}"
 
 
-def slot_state(raw: bytes, slot: int) -> SlotState:
-    """The probe's reading of a `/slots` answer: `BUSY`/`IDLE` from the slot's `is_processing`,
-    `UNAVAILABLE` for anything it cannot read (the server cannot say, so the load budget runs)."""
+def _slot_entry(raw: bytes, slot: int) -> dict[str, Any] | None:
+    """Slot `slot`'s entry in a `/slots` answer, read leniently: None for anything unreadable."""
     try:
         slots: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return SlotState.UNAVAILABLE
-    if type(slots) is not list:
-        return SlotState.UNAVAILABLE
-    for entry in slots:
+        return None
+    for entry in slots if type(slots) is list else ():
         if type(entry) is dict and type(entry.get("id")) is int and entry["id"] == slot:
-            busy = entry.get("is_processing")
-            if busy is True:
-                return SlotState.BUSY
-            if busy is False:
-                return SlotState.IDLE
-            return SlotState.UNAVAILABLE
+            return entry
+    return None
+
+
+def slot_state(raw: bytes, slot: int) -> SlotState:
+    """The probe's reading of a `/slots` answer: `BUSY`/`IDLE` from the slot's `is_processing`,
+    `UNAVAILABLE` for anything it cannot read (the server cannot say, so the load budget runs)."""
+    entry = _slot_entry(raw, slot)
+    busy = None if entry is None else entry.get("is_processing")
+    if busy is True:
+        return SlotState.BUSY
+    if busy is False:
+        return SlotState.IDLE
     return SlotState.UNAVAILABLE
 
 
@@ -292,20 +296,15 @@ def parse_token_ids(raw: bytes) -> list[int]:
 def slot_held(raw: bytes, slot: int) -> int | None:
     """How many tokens `/slots` says slot `slot` holds (`n_prompt_tokens`; absent: none, a slot
     that has run nothing since the server started); None when the answer cannot say."""
-    try:
-        slots: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    entry = _slot_entry(raw, slot)
+    if entry is None:
         return None
-    for entry in slots if type(slots) is list else ():
-        if type(entry) is dict and type(entry.get("id")) is int and entry["id"] == slot:
-            held = entry.get("n_prompt_tokens", 0)
-            return held if type(held) is int and held >= 0 else None
-    return None
+    held = entry.get("n_prompt_tokens", 0)
+    return held if type(held) is int and held >= 0 else None
 
 
-def parse_slot_action(raw: bytes, count: str, where: str) -> tuple[int, int]:
+def parse_slot_action(raw: bytes, tokens: str, size: str, where: str) -> tuple[int, int]:
     """A slot save (`n_saved`, `n_written`) or restore (`n_restored`, `n_read`) answer: the
     tokens and the bytes."""
     data = _object(loads(raw, where), where)
-    size = "n_written" if count == "n_saved" else "n_read"
-    return _count(data, count, where), _count(data, size, where)
+    return _count(data, tokens, where), _count(data, size, where)

@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from domain.completion import Completion
+from domain.completion import Completion, Timings
 from domain.events import CacheCause, CachePrediction
 from domain.hashing import sha256
 from domain.llama_api import Props
@@ -100,10 +100,15 @@ class SlotTurn:
     options: tuple[object, ...]
     body: bytes
     rendered: Rendered | None
-    total: int  # Timings.total: the prompt and the answer
+    timings: Timings  # the prompt and the answer
     answer: tuple[object, ...]  # `_answer` of the completion
     thought: bool  # the answer had reasoning
     answer_start: str  # how the answer's text begins: its reasoning, else its content
+
+    @property
+    def total(self) -> int:
+        """The tokens the request left in the slot, its last one included."""
+        return self.timings.total
 
     @classmethod
     def of(cls, req: ChatRequest, body: bytes, rendered: Rendered | None, completion: Completion) -> SlotTurn:
@@ -114,7 +119,7 @@ class SlotTurn:
             options=_options(req),
             body=body,
             rendered=rendered,
-            total=completion.timings.total,
+            timings=completion.timings,
             answer=_answer(completion.content, completion.tool_calls),
             thought=bool(reasoning.strip()),
             answer_start=start,

@@ -37,12 +37,12 @@ from app._async.fetch import error_body, fetch
 from app._async.flight import Flight, Refused
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
-from app.call_log import log_done, retrying
+from app.call_log import retrying
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
-from domain.completion import Completion, Timings
+from domain.completion import Completion
 from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
@@ -99,7 +99,6 @@ class AsyncLlamaCalls:
         self._retry = retry_policy
         self._settings = request_settings
         self._limits = limits
-        self._last_timings: dict[int, Timings] = {}
         self.info = AsyncServerInfo(
             transport=transport,
             clock=clock,
@@ -169,7 +168,6 @@ class AsyncLlamaCalls:
                             raise step
                         elif isinstance(step, Completion):
                             flight.landed()
-                            log_done(self._last_timings, slot, step)
                             self.cache.landed(req, body, rendered, prediction, step)
                             yield step
                             return

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 
 from app._async.info import AsyncServerInfo
+from app.call_log import log_done
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import HttpError, InferError, RequestError, loggable
@@ -127,8 +128,11 @@ class AsyncPromptCache:
         prediction: CachePrediction | None,
         completion: Completion,
     ) -> None:
-        """Remember the completed request; check a restore by the cache the turn found."""
+        """Remember the completed request and log it (`app.call_log.log_done`, against the one
+        before it on the slot); check a restore by the cache the turn found."""
+        previous = self._turns.get(req.slot)
         self._turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
+        log_done(req.slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
         if prediction is None:
             return
         found = completion.timings.cache_n
@@ -170,7 +174,7 @@ class AsyncPromptCache:
             self._saves = False
             log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
             return None
-        saved, size = parse_slot_action(answer, "n_saved", f"POST {SLOTS_PATH}/{slot}?action=save")
+        saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")
         checkpoint = Checkpoint(
             slot=slot,
             filename=name,
@@ -214,6 +218,6 @@ class AsyncPromptCache:
     async def _restore(self, checkpoint: Checkpoint, token: CancelToken) -> int:
         slot = checkpoint.slot
         answer = await self._info.post(slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename), token)
-        restored, _ = parse_slot_action(answer, "n_restored", f"POST {SLOTS_PATH}/{slot}?action=restore")
+        restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
         return restored

@@ -38,12 +38,12 @@ from app._sync.fetch import error_body, fetch
 from app._sync.flight import Flight, Refused
 from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
-from app.call_log import log_done, retrying
+from app.call_log import retrying
 from app.event_stream import Step
 from app.slot_queue import SlotQueue
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
-from domain.completion import Completion, Timings
+from domain.completion import Completion
 from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
@@ -100,7 +100,6 @@ class LlamaCalls:
         self._retry = retry_policy
         self._settings = request_settings
         self._limits = limits
-        self._last_timings: dict[int, Timings] = {}
         self.info = ServerInfo(
             transport=transport,
             clock=clock,
@@ -170,7 +169,6 @@ class LlamaCalls:
                             raise step
                         elif isinstance(step, Completion):
                             flight.landed()
-                            log_done(self._last_timings, slot, step)
                             self.cache.landed(req, body, rendered, prediction, step)
                             yield step
                             return
