@@ -155,9 +155,11 @@ def serve_stamped_proxy(path: str, port: int) -> None:
 
         def take(self, client: socket.socket, first_byte_by: float) -> bool:
             self.stamps["accept"] = ns()
-            taken = super().take(client, first_byte_by)
+            return super().take(client, first_byte_by)
+
+        def forward_first(self) -> None:
+            super().forward_first()
             self.stamps["taken"] = ns()
-            return taken
 
         def wake(self) -> None:
             self.stamps["woken"] = ns()
@@ -482,7 +484,8 @@ def measure(
                         ("stamped up ready", fwd_up),
                         ("stamped back ready", fwd_back),
                     ):
-                        samples.add(name, start, at)
+                        if at:  # a step this connection did not take (a connect, with one ready)
+                            samples.add(name, start, at)
                     if up:
                         samples.add("stamped upstream accepted", start, up[0])
                         samples.add("stamped upstream request in", start, up[1])
@@ -495,7 +498,7 @@ def measure(
 STAMPS = [  # the stamped proxy's times, in order, and what each is
     ("stamped connect", "the client's connect returned"),
     ("stamped accept", "accepted, handed to the spare"),
-    ("stamped taken", "taken (the spare holds the client)"),
+    ("stamped taken", "taken, and what the client sent moved up (if it had come)"),
     ("stamped woken", "its threads woken, the upstream connect started"),
     ("stamped thread", "its first thread running"),
     ("stamped upstream accepted", "the upstream accepted the connection"),

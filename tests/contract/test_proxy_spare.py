@@ -1,6 +1,7 @@
-"""The spare connection: two threads started before a client arrives, with its splice pipes and
-(for a numeric upstream) its unconnected socket made ahead. It opens nothing upstream before a
-client takes it, counts against neither limit until then, and dies with the proxy."""
+"""The spare connection: two threads started before a client arrives, with its splice pipes made
+ahead. It counts against neither limit until a client takes it, and dies with the proxy. These
+tests run it without connections made ahead (`ready_every=None`, the harness's default), so every
+upstream connection counted is a client's; `test_proxy_ready.py` has those made ahead."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import socket
 import threading
 from pathlib import Path
 
+import pytest
+
+from adapters.proxy.connection import READY_EVERY_S
 from adapters.proxy.options import ProxyLimits
 from adapters.proxy.testing import LoopbackUpstream, echo, running_proxy
 
@@ -37,7 +41,7 @@ def sockets_and_pipes() -> int:
     return sum(kind.startswith(("socket:", "pipe:")) for kind in kinds)
 
 
-def test_the_spare_waits_with_its_threads_and_opens_no_upstream_connection_until_a_client_takes_it(
+def test_the_spare_waits_with_its_threads_and_without_connections_ahead_opens_nothing_upstream(
     tmp_path: Path,
 ) -> None:
     with (
@@ -82,15 +86,18 @@ def test_the_spare_counts_against_no_limit_and_the_limit_still_refuses_the_third
             assert round_trip(again, b"back") == b"back"  # a place came free: a spare takes it
 
 
-def test_the_spare_dies_with_the_proxy_leaving_no_thread_and_no_descriptor(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ready_every", [None, READY_EVERY_S])
+def test_the_spare_dies_with_the_proxy_leaving_no_thread_and_no_descriptor(
+    tmp_path: Path, ready_every: float | None
+) -> None:
     with LoopbackUpstream(echo) as upstream:
         descriptors = sockets_and_pipes()
-        with running_proxy(str(tmp_path / "p.sock"), upstream.address) as proxy:
+        with running_proxy(str(tmp_path / "p.sock"), upstream.address, ready_every=ready_every) as proxy:
             assert proxy.proxy.wait_idle(2)
             with proxy.connect() as client:
                 assert round_trip(client, b"ping") == b"ping"
             assert proxy.proxy.wait_idle(2)
-            assert spare_threads()  # one waits now, with its pipes and its socket
+            assert spare_threads()  # one waits now, with its pipes (and its connection ahead)
             assert sockets_and_pipes() > descriptors
         assert spare_threads() == []
         assert not [t.name for t in threading.enumerate() if t.name.startswith("inferproxy-")]

@@ -2,16 +2,21 @@
 
 Two threads per connection, both started before a client arrives (a spare, made by the accept
 loop ahead of time: it counts against no limit until `take` hands it a client, and an `abort`
-before that ends it). The first connects upstream once it has its client, then moves client →
-upstream; the second moves upstream → client once the first has connected. Invariants:
-- No upstream connection exists before a client is taken (llama-server gives an idle connection
-  a thread that polls it every 10 ms, and drops it after 5 s). For an upstream given as an
-  address (no name to resolve), the spare makes its socket ahead, and `wake` starts the
-  non-blocking connect in the accepting thread, so the handshake runs while the first thread
-  wakes; a name is resolved by the first thread for every connection.
-- The connect never blocks: the socket is non-blocking and published (under the lock `abort`
-  takes) before its connect starts, and the wait for it is a poll that `abort`'s shutdown ends.
-  So a stop is never held up by an upstream that does not answer the connect.
+before that ends it). The first moves client → upstream; the second keeps the spare's upstream
+connection ready, then moves upstream → client. Invariants:
+- A spare's second thread connects upstream ahead (`_keep_ready`): one attempt each
+  `READY_EVERY_S`, each connection kept until the next attempt or until the upstream drops it
+  (llama-server drops a connection that has sent nothing after 5 s; one that has not connected
+  waits for the next attempt). A client takes the connection that is ready, if the upstream has
+  not closed it (a poll: an idle HTTP server sends nothing unasked); else the first thread
+  connects for it, so each client still has one upstream connection of its own.
+- `forward_first` runs in the accepting thread, right after `take`: what the client has sent by
+  then goes up the ready connection at once (a non-blocking read and write of at most
+  `FIRST_READ` bytes, never looked at), so a request that is already in is on its way before the
+  threads wake. What could not be written is sent by the first thread before anything else.
+- Every connect is non-blocking with a poll that an abort ends (the socket is published, under
+  the lock `abort` takes, before its connect starts), so a stop is never held up by an upstream
+  that does not answer.
 - A client that has sent nothing (no byte, no EOF) `first_byte_timeout` seconds after it was
   accepted is closed, with one line, so silent clients cannot hold every place for ever. That
   is the only timer: once the first byte (or an EOF) has come, nothing is timed.
@@ -21,8 +26,9 @@ upstream; the second moves upstream → client once the first has connected. Inv
 - A client that goes away entirely (not just half-closes) while upstream is silent is noticed:
   after its EOF the first thread waits for the Unix socket to hang up (POLLHUP is raised only when
   both directions are shut), then shuts the upstream connection too.
-- Sockets are closed only by the first thread, after the second has ended, and under the lock that
-  `abort` takes, so no thread ever touches a closed or reused descriptor.
+- Sockets are closed only by their owner: the ready connection by the second thread until a
+  client takes it, everything else by the first thread after the second has ended, always under
+  the lock that `abort` takes, so no thread ever touches a closed or reused descriptor.
 """
 
 import contextlib
@@ -48,6 +54,8 @@ def _nothing() -> None:
 
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 _LONGEST_POLL_MS = 2**31 - 1  # poll takes a C int of milliseconds
+READY_EVERY_S = 4.0  # below llama-server's 5 s for a connection that has sent nothing
+FIRST_READ = 64 * 1024  # what `forward_first` moves at most; the first thread moves the rest
 
 
 class Connection:
@@ -62,12 +70,19 @@ class Connection:
         on_closed: Callable[[str], None],
         on_finished: Callable[["Connection"], None],
         addresses: Sequence[AddressInfo] | None = None,
+        ready_every: float | None = READY_EVERY_S,
     ) -> None:
-        """`addresses`: what `upstream` resolves to when that cannot change (a numeric host)."""
+        """`addresses`: what `upstream` resolves to when that cannot change (a numeric host).
+        `ready_every`: the period of the spare's connections ahead; None makes none."""
         self._address = upstream
         self._addresses = addresses
-        self._made: socket.socket | None = None  # the spare's socket for addresses[0], unconnected
-        self._begun: tuple[socket.socket, int] | None = None  # that socket, its connect started
+        self._ready_every = ready_every
+        self._ready: socket.socket | None = None  # the spare's upstream connection, made ahead
+        self._ready_check: select.poll | None = None  # a poll of `_ready` alone, made with it
+        self._pending = b""  # the client's first bytes that `forward_first` could not write
+        self._moved = False  # `forward_first` moved bytes: the first byte came
+        self._first: bytearray | None = None  # `forward_first`'s buffer, made with the spare's pipes
+        self._wake_read = self._wake_write = -1  # ends the second thread's wait as a spare
         self._connect_timeout = connect_timeout
         self._first_byte_by = 0.0
         self._first_byte_timeout = first_byte_timeout
@@ -92,7 +107,15 @@ class Connection:
     def start(self) -> None:
         """Start both threads, which wait for `take`; `RuntimeError` (and nothing left running)
         if a thread cannot be started."""
-        self.thread.start()
+        if self._ready_every is not None:
+            self._first = bytearray(FIRST_READ)
+            with contextlib.suppress(OSError):  # without it, nothing is connected ahead
+                self._wake_read, self._wake_write = os.pipe()
+        try:
+            self.thread.start()
+        except RuntimeError:
+            self._close()
+            raise
         try:
             self._back.start()
         except RuntimeError:
@@ -113,19 +136,37 @@ class Connection:
         self._back.name = f"{self._name}-back"
         return True
 
+    def forward_first(self) -> None:
+        """After `take`, in the accepting thread: what the client has sent so far goes up the
+        connection made ahead, if there is one the upstream has kept. Never blocks."""
+        client, buf = self._client, self._first
+        upstream = self._take_ready()
+        if client is None or upstream is None or buf is None:
+            return
+        try:
+            got = client.recv_into(buf, FIRST_READ, socket.MSG_DONTWAIT)
+        except OSError:  # nothing yet (the first thread waits for it), or a failure it will see
+            got = 0
+        if got:
+            try:
+                sent = upstream.send(memoryview(buf)[:got], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:  # the upstream dropped it after all: the first thread connects anew
+                with self._lock:
+                    self._upstream = None
+                    upstream.close()
+                self._pending, self._moved = bytes(buf[:got]), True
+                return
+            self._pending, self._moved = bytes(buf[sent:got]), True
+        self._linked = upstream
+        self._connected.set()
+
     def wake(self) -> None:
-        """Let the threads of a taken connection run, and start the upstream connect when the
-        spare made its socket ahead; never blocks. The accepting thread calls it just before it
-        blocks itself, so the GIL is free for them; the first thread wakes while the handshake
-        runs, and takes the connect over under the lock it is started under."""
-        with self._lock:
-            self._taken.set()
-            made, self._made = self._made, None
-            if made is not None and self._addresses and not self._aborted:
-                self._upstream = made
-                self._begun = (made, made.connect_ex(self._addresses[0][4]))
-            elif made is not None:
-                made.close()
+        """Let the threads of a taken connection run; never blocks. The accepting thread calls
+        it just before it blocks itself, so the GIL is free for them."""
+        self._taken.set()
+        self._poke()
 
     def abort(self) -> None:
         """Shut both sockets down both ways (a spare without a client ends); safe from any
@@ -137,8 +178,17 @@ class Connection:
                     if sock is not None:
                         with contextlib.suppress(OSError):
                             sock.shutdown(socket.SHUT_RDWR)
+        self._poke()
         self._taken.set()
         self._connected.set()
+
+    def _poke(self) -> None:
+        """End the second thread's wait as a spare (under the lock `_close` closes the pipe
+        under, so this write never lands on a reused descriptor)."""
+        with self._lock:
+            if self._wake_write >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_write, b"\0")
 
     def _run(self) -> None:
         try:
@@ -148,6 +198,7 @@ class Connection:
                 self._forward()
         finally:
             self._connected.set()  # a second thread still waiting for the upstream ends
+            self._poke()
             if self._back.ident is not None:
                 self._back.join()
             self._release_up()
@@ -156,25 +207,12 @@ class Connection:
             self._on_finished(self)
 
     def _prepare(self) -> None:
-        """Make the movers' pipes, and the socket for a fixed address, ahead (no socket is made
-        once a client was taken)."""
+        """Make the movers' pipes, and `forward_first`'s buffer for a spare, ahead."""
         self._up, self._release_up = ahead(self._mover)
         self._down, self._release_down = ahead(self._mover)
-        if not self._addresses:
-            return
-        family, kind, proto, _name, _sockaddr = self._addresses[0]
-        try:
-            sock = socket.socket(family, kind, proto)
-            sock.setblocking(False)
-        except OSError:
-            return  # made at the connect instead, where its failure is reported
-        with self._lock:
-            if self._client is None and not self._aborted:
-                self._made = sock
-                return
-        sock.close()
 
     def _run_back(self) -> None:
+        self._keep_ready()
         self._connected.wait()
         with self._lock:
             upstream, client = self._linked, self._client
@@ -182,32 +220,136 @@ class Connection:
                 return
         self._pump(upstream, client, self._down)
 
+    def _keep_ready(self) -> None:
+        """While the connection is a spare: an upstream connection made ahead, one attempt each
+        `ready_every` seconds, each kept until the next (or until the upstream drops it)."""
+        every, wake = self._ready_every, self._wake_read
+        if every is None or wake < 0:
+            return
+        while True:
+            with self._lock:
+                if self._client is not None or self._aborted:
+                    return
+            began = time.monotonic()
+            ready = self._connect_ahead()
+            poller = select.poll()
+            poller.register(wake, select.POLLIN)
+            with self._lock:
+                if self._client is not None or self._aborted:
+                    if ready is not None:
+                        ready.close()
+                    return
+                self._ready = ready
+                if ready is not None:
+                    self._ready_check = select.poll()
+                    self._ready_check.register(ready, select.POLLIN)
+            if ready is not None:
+                poller.register(ready, select.POLLIN)
+            while (left := began + every - time.monotonic()) > 0:
+                events = poller.poll(math.ceil(left * 1000))
+                if any(fd == wake for fd, _ in events):
+                    return  # taken or aborted: a taken connection belongs to the client now
+                if events and ready is not None:  # the upstream dropped it: none until the next
+                    poller.unregister(ready)
+                    self._drop_ready(ready)
+                    ready = None
+            if ready is not None:
+                self._drop_ready(ready)
+
+    def _drop_ready(self, ready: socket.socket) -> None:
+        with self._lock:
+            if self._ready is ready and self._client is None:
+                self._ready = self._ready_check = None
+                ready.close()
+
+    def _connect_ahead(self) -> socket.socket | None:
+        """A connection upstream for the next client, or None (failure, a take or an abort)."""
+        try:
+            infos = self._addresses
+            if infos is None:
+                infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+        except OSError:
+            return None
+        for family, kind, proto, _name, sockaddr in infos:
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:
+                continue
+            try:
+                sock.setblocking(False)
+                started = sock.connect_ex(sockaddr)
+                if started == errno.EINPROGRESS:
+                    poller = select.poll()
+                    poller.register(sock, select.POLLOUT)
+                    poller.register(self._wake_read, select.POLLIN)
+                    events = poller.poll(math.ceil(self._connect_timeout * 1000))
+                    if not events or any(fd == self._wake_read for fd, _ in events):
+                        sock.close()
+                        return None
+                    started = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if started == 0:
+                    sock.setblocking(True)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    return sock
+            except OSError:
+                pass
+            sock.close()
+        return None
+
+    def _take_ready(self) -> socket.socket | None:
+        """The connection made ahead, now the client's upstream, if the upstream has kept it."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+            check, self._ready_check = self._ready_check, None
+            if ready is None or check is None or self._aborted:
+                return None
+            if check.poll(0):  # an idle HTTP server sends nothing unasked: closed, or not ours
+                ready.close()
+                return None
+            self._upstream = ready
+            return ready
+
     def _forward(self) -> None:
         client = self._client
         assert client is not None
-        try:
-            upstream = self._connect()
-        except OSError as exc:
-            reason = exc.strerror or str(exc) or type(exc).__name__
-            self._on_closed(f"upstream {self._address} unreachable ({reason})")
-            return
+        upstream = self._linked or self._take_ready()  # connected ahead, with its options set
         if upstream is None:
-            return  # aborted while connecting
-        try:
-            upstream.setblocking(True)
-            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            return
+            upstream = self._connect_for_client()
+            if upstream is None:
+                return
         self._linked = upstream
         self._connected.set()
         try:
-            if not self._first_byte_came(client):
+            if self._pending:
+                self._send_pending(upstream)
+            if not self._moved and not self._first_byte_came(client):
                 self._on_closed(f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)")
             elif self._pump(client, upstream, self._up):
                 self._wait_for_client_hangup(client)
         finally:
             # Either both directions are done, the client hung up, or something failed: in every
             # case the other direction must stop now.
+            self.abort()
+
+    def _connect_for_client(self) -> socket.socket | None:
+        """A connection made now (none was ready), or None (unreachable, with its line; aborted)."""
+        try:
+            upstream = self._connect()
+            if upstream is not None:
+                upstream.setblocking(True)
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return upstream
+        except OSError as exc:
+            if self._upstream is None:  # the connect failed, not the options on a connected one
+                reason = exc.strerror or str(exc) or type(exc).__name__
+                self._on_closed(f"upstream {self._address} unreachable ({reason})")
+            return None
+
+    def _send_pending(self, upstream: socket.socket) -> None:
+        pending, self._pending = self._pending, b""
+        try:
+            upstream.sendall(pending)
+        except OSError:
             self.abort()
 
     def _connect(self) -> socket.socket | None:
@@ -219,23 +361,17 @@ class Connection:
         if infos is None:
             infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
         failure: OSError | None = None
-        with self._lock:
-            begun, self._begun = self._begun, None
         for family, kind, proto, _name, sockaddr in infos:
-            if begun is not None:  # the first address's connect, started by `take`
-                sock, started = begun
-                begun = None
-            else:
-                sock = socket.socket(family, kind, proto)
-                sock.setblocking(False)
-                with self._lock:
-                    if self._aborted:
-                        sock.close()
-                        return None
-                    self._upstream = sock
-                    # Started under the lock, so an abort either comes first (and is seen above)
-                    # or finds the connect under way and shuts it down, which ends the poll below.
-                    started = sock.connect_ex(sockaddr)
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            with self._lock:
+                if self._aborted:
+                    sock.close()
+                    return None
+                self._upstream = sock
+                # Started under the lock, so an abort either comes first (and is seen above)
+                # or finds the connect under way and shuts it down, which ends the poll below.
+                started = sock.connect_ex(sockaddr)
             try:
                 if started not in (0, errno.EINPROGRESS):
                     raise OSError(started, os.strerror(started))
@@ -300,9 +436,14 @@ class Connection:
     def _close(self) -> None:
         with self._lock:
             self._closed = True
-            if self._made is not None:
-                self._made.close()
+            if self._ready is not None:
+                self._ready.close()
+                self._ready = None
             if self._client is not None:
                 self._client.close()
             if self._upstream is not None:
                 self._upstream.close()
+            for fd in (self._wake_read, self._wake_write):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_read = self._wake_write = -1

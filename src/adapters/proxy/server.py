@@ -16,12 +16,13 @@ Invariants:
   sleeping.
 - A connection counts against `max_conns` from accept until both its sockets are closed; a
   client that sends nothing gives its place back after `first_byte_timeout` (`Connection`).
-- One spare connection (its two threads started, no client, no upstream connection) waits for
-  the next client, so an accept hands a client over instead of starting threads. It counts
-  against neither limit until it takes a client; a client that finds no spare gets a connection
-  made there and then. The next spare is made `SPARE_AFTER_S` after a client took the last one,
-  not at once: starting threads holds the GIL, which the connection just taken needs for its
-  first bytes. The spare is aborted and joined when `serve()` ends.
+- One spare connection (its two threads started, its upstream connection made ahead, no client)
+  waits for the next client, so an accept hands a client over instead of starting threads and
+  connecting, and what the client has sent by then goes up at once (`Connection.forward_first`).
+  It counts against neither limit until it takes a client; a client that finds no spare gets a
+  connection made there and then. The next spare is made `SPARE_AFTER_S` after a client took the
+  last one, not at once: starting threads holds the GIL, which the connection just taken needs
+  for its first bytes. The spare is aborted and joined when `serve()` ends.
 """
 
 import contextlib
@@ -34,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from adapters.proxy.bucket import TokenBucket
-from adapters.proxy.connection import AddressInfo, Connection
+from adapters.proxy.connection import READY_EVERY_S, AddressInfo, Connection
 from adapters.proxy.options import Address, ProxyLimits
 from adapters.proxy.pump import Mover, default_mover
 from adapters.proxy.refusals import RefusalLines
@@ -63,8 +64,11 @@ class Proxy:
         log: Log | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
         mover: Mover | None = None,
+        ready_every: float | None = READY_EVERY_S,
     ) -> None:
+        """`ready_every`: how often a spare connects upstream ahead (`Connection`); None: never."""
         self._bound = bound
+        self._ready_every = ready_every
         self._upstream = upstream
         self._limits = limits if limits is not None else ProxyLimits()
         self._bucket = TokenBucket(self._limits.burst, self._limits.rate, clock)
@@ -247,7 +251,7 @@ class Proxy:
         with self._changed:
             connection, self._spare = self._spare, None
         if connection is None:
-            connection = self._new_connection()
+            connection = self._new_connection(spare=False)
             if connection is None:
                 self._refuse(client, "cannot start a thread")
                 return False
@@ -260,6 +264,7 @@ class Proxy:
                 self._changed.notify_all()
             self._refuse(client, "the proxy is stopping")
             return False
+        connection.forward_first()
         self._taken.append(connection)
         with self._changed:
             if self._spare_at is None:
@@ -271,14 +276,15 @@ class Proxy:
 
     def _make_spare(self) -> None:
         if self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at:
-            spare = self._new_connection()
+            spare = self._new_connection(spare=True)
             with self._changed:
                 self._spare = spare
                 self._spare_at = None if spare is not None else time.monotonic() + _ACCEPT_PAUSE_S
                 self._changed.notify_all()
 
-    def _new_connection(self) -> Connection | None:
-        """A spare: its threads started, waiting for a client; None if a thread cannot start."""
+    def _new_connection(self, *, spare: bool) -> Connection | None:
+        """A connection, its threads started, waiting for a client (a spare connects upstream
+        ahead, one made for a client at hand does not); None if a thread cannot start."""
         self._serial += 1
         connection = Connection(
             self._upstream,
@@ -289,6 +295,7 @@ class Proxy:
             on_closed=self._closed,
             on_finished=self._finish,
             addresses=self._addresses,
+            ready_every=self._ready_every if spare else None,
         )
         try:
             connection.start()

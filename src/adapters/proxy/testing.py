@@ -82,6 +82,12 @@ class LoopbackUpstream:
         host, port = self._listener.getsockname()[:2]
         return Address(host, port)
 
+    @property
+    def live(self) -> int:
+        """Connections whose handler is still running."""
+        with self._lock:
+            return len(self._live)
+
     def __enter__(self) -> Self:
         self._listener = socket.create_server((LOOPBACK, 0), backlog=128)
         self._wake_read, self._wake_write = os.pipe()
@@ -258,8 +264,12 @@ def running_proxy(
     clock: Callable[[], float] | None = None,
     connect_timeout: float = 2.0,
     mover: Mover | None = None,
+    ready_every: float | None = None,
 ) -> Iterator[RunningProxy]:
-    """The proxy serving on its own thread, as `main` would run it, with its log lines collected."""
+    """The proxy serving on its own thread, as `main` would run it, with its log lines collected.
+
+    Its spares connect upstream ahead only when `ready_every` is given (as `main` does, every
+    `READY_EVERY_S`): without, every upstream connection a test sees is a client's own."""
     lines: list[str] = []
     bound = bind_socket_file(path)
     proxy = Proxy(
@@ -270,6 +280,7 @@ def running_proxy(
         log=lines.append,
         connect_timeout=connect_timeout,
         mover=mover,
+        ready_every=ready_every,
     )
     serving = threading.Thread(target=proxy.serve, name="inferproxy-serve")
     serving.start()
