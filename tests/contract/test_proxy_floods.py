@@ -144,9 +144,8 @@ def test_with_stderr_full_and_unread_a_flood_of_3000_refusals_neither_stops_forw
     clock = ManualClock()
     with full_pipe() as (r, w, filler), LoopbackUpstream(echo) as upstream:
         log = StderrLog(w)
-        proxy = Proxy(
-            bind_socket_file(path), upstream.address, ProxyLimits(burst=1, rate=2), clock=clock, log=log, ready_every=None
-        )
+        limits = ProxyLimits(burst=1, rate=2)
+        proxy = Proxy(bind_socket_file(path), upstream.address, limits, clock=clock, log=log, ready_every=None)
         try:
             with serving(proxy) as thread:
                 assert echoes_within(path, 2.0)  # spends the one token
