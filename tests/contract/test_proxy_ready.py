@@ -15,6 +15,7 @@ from adapters.proxy.connection import READY_EVERY_S
 from adapters.proxy.testing import (
     LoopbackUpstream,
     black_hole,
+    echo,
     pending_connects,
     running_proxy,
     unused_port,
@@ -199,3 +200,18 @@ def test_requests_of_every_size_go_up_whole_from_the_accepting_thread_and_the_fi
             assert proxy.proxy.wait_idle(2)
         assert eventually(lambda: len(recording.heard) >= len(sizes), 2.0)
     assert sorted(len(got) for got in recording.heard.values() if got) == sizes
+
+
+def test_a_client_that_comes_while_the_connection_ahead_is_made_waits_for_it_not_for_a_new_one(
+    tmp_path: Path,
+) -> None:
+    # The first client of a new proxy comes while its spare's first attempt may be under way:
+    # it takes that connection, so an upstream that accepts one connection serves it.
+    for attempt in range(20):
+        with (
+            LoopbackUpstream(echo) as upstream,
+            running_proxy(str(tmp_path / f"p{attempt}.sock"), upstream.address, ready_every=READY_EVERY_S) as proxy,
+        ):
+            with proxy.connect() as client:
+                assert round_trip(client, b"first") == b"first"
+            assert upstream.accepted == 1, attempt

@@ -79,6 +79,10 @@ class Connection:
         self._ready_every = ready_every
         self._ready: socket.socket | None = None  # the spare's upstream connection, made ahead
         self._ready_check: select.poll | None = None  # a poll of `_ready` alone, made with it
+        self._connecting: socket.socket | None = None  # the attempt ahead under way
+        self._ahead = threading.Event()  # no attempt ahead is under way
+        if ready_every is None:
+            self._ahead.set()
         self._pending = b""  # the client's first bytes that `forward_first` could not write
         self._moved = False  # `forward_first` moved bytes: the first byte came
         self._first: bytearray | None = None  # `forward_first`'s buffer, made with the spare's pipes
@@ -174,13 +178,14 @@ class Connection:
         with self._lock:
             self._aborted = True
             if not self._closed:
-                for sock in (self._client, self._upstream):
+                for sock in (self._client, self._upstream, self._connecting):
                     if sock is not None:
                         with contextlib.suppress(OSError):
                             sock.shutdown(socket.SHUT_RDWR)
         self._poke()
         self._taken.set()
         self._connected.set()
+        self._ahead.set()
 
     def _poke(self) -> None:
         """End the second thread's wait as a spare (under the lock `_close` closes the pipe
@@ -222,48 +227,57 @@ class Connection:
 
     def _keep_ready(self) -> None:
         """While the connection is a spare: an upstream connection made ahead, one attempt each
-        `ready_every` seconds, each kept until the next (or until the upstream drops it)."""
+        `ready_every` seconds, each kept until the next (or until the upstream drops it). A client
+        taken while an attempt is under way waits for it (`_ahead`)."""
         every, wake = self._ready_every, self._wake_read
-        if every is None or wake < 0:
-            return
-        while True:
-            with self._lock:
-                if self._client is not None or self._aborted:
-                    return
-            began = time.monotonic()
-            ready = self._connect_ahead()
-            poller = select.poll()
-            poller.register(wake, select.POLLIN)
-            with self._lock:
-                if self._client is not None or self._aborted:
-                    if ready is not None:
+        try:
+            while every is not None and wake >= 0:
+                began = time.monotonic()
+                ready = self._connect_ahead()
+                with self._lock:
+                    taken = self._client is not None or self._aborted
+                    if ready is not None and not self._aborted:
+                        self._ready, self._ready_check = ready, select.poll()
+                        self._ready_check.register(ready, select.POLLIN)
+                    elif ready is not None:
                         ready.close()
+                        ready = None
+                self._ahead.set()
+                if taken or not self._wait_ready(ready, began + every):
                     return
-                self._ready = ready
-                if ready is not None:
-                    self._ready_check = select.poll()
-                    self._ready_check.register(ready, select.POLLIN)
-            if ready is not None:
-                poller.register(ready, select.POLLIN)
-            while (left := began + every - time.monotonic()) > 0:
-                events = poller.poll(math.ceil(left * 1000))
-                if any(fd == wake for fd, _ in events):
-                    return  # taken or aborted: a taken connection belongs to the client now
-                if events and ready is not None:  # the upstream dropped it: none until the next
-                    poller.unregister(ready)
-                    self._drop_ready(ready)
-                    ready = None
-            if ready is not None:
-                self._drop_ready(ready)
+                with self._lock:
+                    if self._client is not None or self._aborted:
+                        return
+                    self._ahead.clear()  # the next attempt is under way
+                    if self._ready is not None:
+                        self._ready.close()
+                    self._ready = self._ready_check = None
+        finally:
+            self._ahead.set()
 
-    def _drop_ready(self, ready: socket.socket) -> None:
-        with self._lock:
-            if self._ready is ready and self._client is None:
-                self._ready = self._ready_check = None
-                ready.close()
+    def _wait_ready(self, ready: socket.socket | None, until: float) -> bool:
+        """Hold `ready` until `until`, or until the upstream drops it (then hold nothing): True;
+        False once taken or aborted (a taken connection belongs to the client now)."""
+        poller = select.poll()
+        poller.register(self._wake_read, select.POLLIN)
+        if ready is not None:
+            poller.register(ready, select.POLLIN)
+        while (left := until - time.monotonic()) > 0:
+            events = poller.poll(math.ceil(left * 1000))
+            if any(fd == self._wake_read for fd, _ in events):
+                return False
+            if events and ready is not None:  # dropped: none until the next attempt
+                poller.unregister(ready)
+                with self._lock:
+                    if self._ready is ready and self._client is None:
+                        self._ready = self._ready_check = None
+                        ready.close()
+                ready = None
+        return True
 
     def _connect_ahead(self) -> socket.socket | None:
-        """A connection upstream for the next client, or None (failure, a take or an abort)."""
+        """A connection upstream for the next client, or None (a failure, or an abort, whose
+        shutdown of the connecting socket ends the wait)."""
         try:
             infos = self._addresses
             if infos is None:
@@ -275,25 +289,31 @@ class Connection:
                 sock = socket.socket(family, kind, proto)
             except OSError:
                 continue
+            connected = False
+            with self._lock:
+                if self._aborted:
+                    sock.close()
+                    return None
+                self._connecting = sock
             try:
                 sock.setblocking(False)
                 started = sock.connect_ex(sockaddr)
                 if started == errno.EINPROGRESS:
                     poller = select.poll()
                     poller.register(sock, select.POLLOUT)
-                    poller.register(self._wake_read, select.POLLIN)
-                    events = poller.poll(math.ceil(self._connect_timeout * 1000))
-                    if not events or any(fd == self._wake_read for fd, _ in events):
-                        sock.close()
-                        return None
-                    started = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if started == 0:
+                    done = poller.poll(math.ceil(self._connect_timeout * 1000))
+                    started = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if done else errno.ETIMEDOUT
+                if started == 0 and not self._aborted:
                     sock.setblocking(True)
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    return sock
+                    connected = True
             except OSError:
                 pass
-            sock.close()
+            with self._lock:
+                self._connecting = None
+                if connected and not self._aborted:
+                    return sock
+                sock.close()
         return None
 
     def _take_ready(self) -> socket.socket | None:
@@ -313,6 +333,9 @@ class Connection:
         client = self._client
         assert client is not None
         upstream = self._linked or self._take_ready()  # connected ahead, with its options set
+        if upstream is None and not self._ahead.is_set():  # one is on its way: sooner than a new one
+            self._ahead.wait(self._connect_timeout)
+            upstream = self._take_ready()
         if upstream is None:
             upstream = self._connect_for_client()
             if upstream is None:
