@@ -63,7 +63,7 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._event = _Flag()
+        self._event: _Flag | None = None  # made by the first wait that needs it: most calls never do
         self._wakes: OrderedDict[int, Wake] = OrderedDict()
         # The mark: empty until cancelled. The first error appended is the token's; a cancel
         # nested between another's look and its append may add one more, never a first.
@@ -79,8 +79,19 @@ class CancelToken:
 
     @property
     def event(self) -> threading.Event:
-        """Set once cancelled: what an interruptible wait waits on."""
-        return self._event
+        """Set once cancelled: what an interruptible wait waits on. Made here, under the lock
+        `_mark` looks at it under: made before a cancel's mark, the cancel sets it; made after,
+        it is made set."""
+        flag = self._event
+        if flag is None:
+            with self._lock:
+                flag = self._event
+                if flag is None:
+                    flag = _Flag()
+                    self._event = flag
+                    if self._errors:
+                        flag.set()
+        return flag
 
     def cancel(self, error: Cancelled | None = None) -> None:
         """Stop the call. `error` is what it raises (by default `Cancelled`)."""
@@ -123,7 +134,9 @@ class CancelToken:
         with self._lock:
             if not self._errors:
                 self._errors.append(error)
-        self._event.set()
+            flag = self._event
+        if flag is not None:
+            flag.set()
 
     def _run_wakes(self) -> None:
         """The second phase: take the wake-ups out one by one, in the order registered, and run

@@ -38,14 +38,13 @@ Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_for
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from domain.errors import RequestError
-from domain.json_check import MAX_JSON_DEPTH, json_tree, valid_text
+from domain.json_check import MAX_JSON_DEPTH, encode_json, json_tree, valid_text
 from domain.json_check import quote as _quote
 from domain.messages import (
     TOOL_CHOICES,
@@ -260,18 +259,6 @@ def _response_format(value: object) -> dict[str, Any] | None:
     return tree
 
 
-def _encode(body: dict[str, Any], what: str) -> bytes:
-    try:
-        text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"{what} holds text that is not valid Unicode ({exc.reason})") from exc
-    except (TypeError, ValueError) as exc:
-        raise RequestError(f"{what} cannot be rendered as JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise RequestError(f"{what} is nested too deeply to render as JSON") from exc
-
-
 def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots: int | None) -> bytes:
     """The `POST /v1/chat/completions` body for `req`; `RequestError` if it must not be sent.
 
@@ -316,7 +303,7 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
         body["stop"] = stop
     if response_format is not None:
         body["response_format"] = response_format
-    return _encode(body, "the request")
+    return encode_json(body, "the request")
 
 
 def effective_max_tokens(req: ChatRequest, settings: RequestSettings) -> int:
@@ -346,4 +333,4 @@ def build_control_body(completion_id: str, model: str | None) -> bytes:
     body: dict[str, Any] = {"id": completion_id, "action": CONTROL_ACTION}
     if model is not None:
         body["model"] = model
-    return _encode(body, "the control call")
+    return encode_json(body, "the control call")

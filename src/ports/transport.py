@@ -9,6 +9,10 @@ script, see `ports.stream`):
   `Exchange`. It raises `domain.errors.ConnectError` (naming the socket path) if the socket
   cannot be reached, `domain.errors.StreamClosedEarly` if the connection breaks while the
   request is being written, and `domain.errors.Stalled` if writing it takes over `timeout`.
+- `Transport.connect(timeout)` connects and sends nothing: a `Link`, which `open(..., link=link)`
+  then sends its request on instead of connecting (the exchange owns it from then on; `open`
+  closes it on every failure, a malformed request's included). It raises `ConnectError` as
+  `open` would; a `Link` never used is closed by its owner (`close()`, idempotent, never raises).
 - `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
   aborts it (even while the request is still being written), and closing it unregisters.
 - `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts
@@ -102,8 +106,16 @@ class CancelSignal(Protocol):
     def on_cancel(self, wake: Callable[[], None]) -> Callable[[], None]: ...
 
 
+class Link(Protocol):
+    """A connection made ahead of its request (`Transport.connect`), nothing sent on it yet."""
+
+    def close(self) -> None: ...
+
+
 @runtime_checkable
 class Transport(Protocol):
+    def connect(self, timeout: float) -> Link: ...
+
     def open(
         self,
         method: str,
@@ -113,6 +125,7 @@ class Transport(Protocol):
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> Exchange: ...
 
 
@@ -132,6 +145,8 @@ class AsyncExchange(Protocol):
 
 @runtime_checkable
 class AsyncTransport(Protocol):
+    async def connect(self, timeout: float) -> Link: ...
+
     async def open(
         self,
         method: str,
@@ -141,4 +156,5 @@ class AsyncTransport(Protocol):
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> AsyncExchange: ...

@@ -23,7 +23,7 @@ from client_support import CHAT, PROPS, REQ, chunk, config_for, overridden, reco
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed
 from domain.events import ChatEvent
-from ports.transport import AsyncExchange, CancelSignal
+from ports.transport import AsyncExchange, CancelSignal, Link
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.asyncio]
 
@@ -36,6 +36,9 @@ class UnwatchedTransport:
 
     def __init__(self, socket_path: str) -> None:
         self._inner = AsyncUdsTransport(socket_path, header_bytes=16384)
+
+    async def connect(self, timeout: float) -> Link:
+        return await self._inner.connect(timeout)
 
     async def open(
         self, method: str, path: str, body: bytes | None = None, *, cancel: CancelSignal | None = None, **options: Any

@@ -15,6 +15,7 @@ import pytest
 
 from adapters.fake_server import End, FakeServer, Piece, Raw, RouteItem, json_reply, silence, sse_reply
 from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http.sockets import AsyncSocketStream
 from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.fetch import fetch, fetch_async
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
@@ -169,3 +170,34 @@ async def test_the_async_slot_probe_answers_as_the_blocking_one(server: FakeServ
     assert await aio.state(0) is blocking.state(0)
     first, second = server.requests
     assert (first.target, first.headers) == (second.target, second.headers)
+
+
+async def test_a_request_on_a_connection_made_ahead_is_the_blocking_transports(server: FakeServer) -> None:
+    server.route("POST", CHAT, json_reply({"ok": True}))
+    sync_transport = UdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
+    sync_link = sync_transport.connect(1.0)
+    got_sync = fetch(sync_transport, SystemClock(), "POST", CHAT, b'{"a":1}', LIMITS)  # its own connection
+    sync_transport.open("POST", CHAT, b'{"a":1}', timeout=1.0, link=sync_link).close()
+    transport = AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
+    link = await transport.connect(1.0)
+    exchange = await transport.open("POST", CHAT, b'{"a":1}', timeout=1.0, link=link)
+    head = await exchange.head(1.0)
+    body = await exchange.read(1.0)
+    exchange.close()
+    assert not isinstance(head, type(TIMED_OUT)) and head.status == 200
+    assert body == got_sync
+    deadline = time.monotonic() + 2.0
+    while len(server.requests) < 3 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    bodies = {(r.target, r.body) for r in server.requests}
+    assert bodies == {(CHAT, b'{"a":1}')}
+
+
+async def test_a_malformed_request_closes_the_async_connection_made_ahead(server: FakeServer) -> None:
+    transport = AsyncUdsTransport(server.socket_path, header_bytes=HEADER_BYTES)
+    link = await transport.connect(1.0)
+    with pytest.raises(ValueError):
+        await transport.open("BAD METHOD", CHAT, b"{}", timeout=1.0, link=link)
+    assert isinstance(link, AsyncSocketStream)
+    assert link._sock.fileno() == -1
+    assert server.requests == []

@@ -30,6 +30,7 @@ from adapters.fake_server import (
     sse_reply,
 )
 from adapters.system import SystemClock
+from adapters.uds_http.sockets import SocketStream
 from adapters.uds_http.transport import UdsTransport
 from app.fetch import read_all
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
@@ -279,3 +280,47 @@ def test_close_before_the_head_makes_head_fail(harness: Harness) -> None:
 def test_a_refused_connection_is_a_connect_error_naming_the_path(harness: Harness) -> None:
     with pytest.raises(ConnectError, match=f"cannot connect to {harness.refused_path}: connection refused"):
         harness.refusing().open("GET", "/slots", timeout=1.0)
+
+
+# -- a connection made ahead (`connect`, then `open(..., link=)`) ---------------------------------
+
+
+def test_a_request_sent_on_a_connection_made_ahead_is_answered_as_any(harness: Harness) -> None:
+    harness.route("POST", CHAT, json_reply({"ok": True}))
+    link = harness.transport.connect(1.0)
+    assert harness.requests == []  # connected, nothing sent
+    exchange = harness.transport.open("POST", CHAT, b'{"a":1}', timeout=1.0, link=link)
+    assert read_all(exchange, harness.time, 100, 2.0) == b'{"ok":true}'
+    (request,) = harness.requests
+    assert (request.method, request.path, request.body) == ("POST", CHAT, b'{"a":1}')
+
+
+def test_a_malformed_request_on_a_connection_made_ahead_is_refused_and_the_connection_closed(
+    harness: Harness,
+) -> None:
+    link = harness.transport.connect(1.0)
+    with pytest.raises(ValueError):
+        harness.transport.open("BAD METHOD", CHAT, b"{}", timeout=1.0, link=link)
+    if harness.kind == "uds":
+        assert isinstance(link, SocketStream)
+        assert link._sock.fileno() == -1  # closed, not left to the garbage collector
+    assert harness.requests == []
+
+
+def test_connecting_ahead_to_a_refused_socket_is_a_connect_error_naming_the_path(harness: Harness) -> None:
+    with pytest.raises(ConnectError, match=f"cannot connect to {harness.refused_path}: connection refused"):
+        harness.refusing().connect(1.0)
+
+
+def test_a_connection_from_another_kind_of_transport_is_refused_and_closed(harness: Harness) -> None:
+    class Foreign:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    foreign = Foreign()
+    with pytest.raises(TypeError, match="sends on its own connections"):
+        harness.transport.open("GET", "/slots", None, timeout=1.0, link=foreign)
+    assert foreign.closed
+    assert harness.requests == []

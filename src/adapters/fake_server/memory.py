@@ -29,7 +29,7 @@ from adapters.fake_server.wire import RequestReader, on_wire
 from adapters.uds_http.exchange import AsyncHttpExchange, HttpExchange, Request, render, send, send_async
 from domain.errors import ConnectError
 from ports.slot_probe import SlotState
-from ports.transport import TIMED_OUT, CancelSignal, TimedOut
+from ports.transport import TIMED_OUT, CancelSignal, Link, TimedOut
 
 ScriptedExchange = HttpExchange
 """What `ScriptedTransport.open` returns: the real exchange, over a `ScriptedStream`."""
@@ -176,6 +176,11 @@ class ScriptedTransport:
     def route(self, method: str, path: str, *replies: RouteItem) -> None:
         self.routes.set(method, path, *replies)
 
+    def connect(self, timeout: float) -> ScriptedStream:
+        """A connection to the script, nothing sent: `open(..., link=)` sends on it."""
+        self._refuse()
+        return ScriptedStream(self.clock, self.routes, self.requests)
+
     def open(
         self,
         method: str,
@@ -185,21 +190,36 @@ class ScriptedTransport:
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> ScriptedExchange:
-        request, stream = self._render(method, path, body, headers)
+        request, stream = self._render(method, path, body, headers, link)
         return send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path, cancel=cancel)
 
     def _render(
-        self, method: str, path: str, body: bytes | None, headers: tuple[tuple[str, str], ...]
+        self, method: str, path: str, body: bytes | None, headers: tuple[tuple[str, str], ...], link: Link | None
     ) -> tuple[Request, ScriptedStream]:
-        """The request checked as the real transport checks it, and the stream that plays it."""
+        """The request checked as the real transport checks it, and the stream that plays it
+        (`link`, when `connect` made it)."""
         header_bytes = sys.maxsize if self.header_bytes is None else self.header_bytes
-        request = render(method, path, body, header_bytes, headers)
+        try:
+            request = render(method, path, body, header_bytes, headers)
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+        if link is None:
+            self._refuse()
+            return request, ScriptedStream(self.clock, self.routes, self.requests)
+        if not isinstance(link, ScriptedStream):
+            link.close()
+            raise TypeError(f"{type(self).__name__} sends on its own connections, not on a {type(link).__name__}")
+        return request, link
+
+    def _refuse(self) -> None:
         if self.refusing:
             raise ConnectError(
                 f"cannot connect to {self.socket_path}: connection refused (nobody is listening on the socket)"
             )
-        return request, ScriptedStream(self.clock, self.routes, self.requests)
 
 
 class AsyncScriptedStream:
@@ -231,6 +251,9 @@ class AsyncScriptedTransport(ScriptedTransport):
     """The `AsyncTransport` port over the same scripts (`ScriptedTransport`'s routes, record and
     switches), for the asyncio client on a fake clock."""
 
+    async def connect(self, timeout: float) -> ScriptedStream:  # type: ignore[override]
+        return super().connect(timeout)
+
     async def open(  # type: ignore[override]
         self,
         method: str,
@@ -240,8 +263,9 @@ class AsyncScriptedTransport(ScriptedTransport):
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> AsyncHttpExchange:
-        request, scripted = self._render(method, path, body, headers)
+        request, scripted = self._render(method, path, body, headers, link)
         return await send_async(
             AsyncScriptedStream(scripted),
             request,

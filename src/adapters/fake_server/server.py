@@ -66,6 +66,7 @@ class FakeServer:
             self.routes.set_default(default)
         self.requests: list[RecordedRequest] = []
         self.errors: list[BaseException] = []
+        self.accepted = 0  # connections accepted so far, with a request or without
         self._wanted_path = socket_path
         self._socket_path: str | None = None
         self._folder: str | None = None
@@ -177,6 +178,12 @@ class FakeServer:
         except BaseException as exc:
             self.errors.append(exc)
 
+    @property
+    def live(self) -> int:
+        """Connections open now (a client's, until the server has closed its end)."""
+        with self._lock:
+            return len(self._live)
+
     # -- accepting ------------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
@@ -193,6 +200,7 @@ class FakeServer:
                 continue
             count += 1
             with self._lock:
+                self.accepted = count
                 self._live.add(conn)
             self._spawn(self._serve, conn, name=f"fake-server-conn-{count}")
 

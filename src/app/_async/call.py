@@ -66,7 +66,7 @@ from domain.retry import Attempts, RetryPolicy
 from domain.waiting import gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
-from ports.transport import AsyncExchange, AsyncTransport, ResponseHead, TimedOut
+from ports.transport import AsyncExchange, AsyncTransport, Link, ResponseHead, TimedOut
 
 T = TypeVar("T")
 
@@ -124,7 +124,7 @@ class AsyncLlamaCalls:
         return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     async def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool
+        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool, link: Link | None
     ) -> AsyncGenerator[Step, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
@@ -133,9 +133,10 @@ class AsyncLlamaCalls:
         slot = req.slot
         clock = self._clock
         ticket = self._queue.enter(slot)
-        flight = Flight()
+        flight = Flight(link)  # `link`: a connection made ahead (`link_ahead`), used if nothing waits
         try:
             if ticket.ahead:
+                flight.close()  # not held through a wait at the gate
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
             prediction, rendered = await self.cache.before(req, body, token)
@@ -230,7 +231,10 @@ class AsyncLlamaCalls:
         conversation = new_conversation_id()
         headers = ((CONVERSATION_HEADER, conversation),)
         timeout = limits.poll_ms / 1000.0
-        exchange = await self._transport.open("POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers)
+        link = flight.take_link()
+        exchange = await self._transport.open(
+            "POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers, link=link
+        )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         try:
             sent = clock.now()

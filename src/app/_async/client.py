@@ -126,10 +126,12 @@ class AsyncClient:
             attempts = llama.attempts()
             body: bytes | None = None
             while True:
+                link = None
                 try:
                     if body is None:
+                        link = await llama.info.link_ahead()  # connecting while the body renders
                         body = await llama.info.render(req, token)
-                    steps = llama.attempt(req, body, token, attempts, resend=retry)
+                    steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
                     async with contextlib.aclosing(steps):
                         async for step in steps:
                             yield step
@@ -141,6 +143,9 @@ class AsyncClient:
                     yield event
                     await llama.sleep(event.after_ms / 1000.0, token)
                     token.raise_if_cancelled()
+                finally:
+                    if link is not None:
+                        link.close()  # never sent on; once it was, its exchange has closed it already
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc

@@ -8,7 +8,7 @@ import logging
 from domain.chat_stream import ChatStream
 from domain.errors import InferError
 from domain.events import Progress
-from ports.transport import AsyncExchange
+from ports.transport import AsyncExchange, Link
 
 __all__ = ["Flight", "Refused"]
 
@@ -20,9 +20,10 @@ class Flight:
     it feeds and the body bytes it consumed; `generating` names the conversation the server may
     still be generating for (stopped when the attempt ends without its `Completion`)."""
 
-    __slots__ = ("consumed", "conversation", "cut", "exchange", "first", "generating", "started", "stream")
+    __slots__ = ("consumed", "conversation", "cut", "exchange", "first", "generating", "link", "started", "stream")
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link | None = None) -> None:
+        self.link = link  # a connection made ahead for the first request, until it is sent or dropped
         self.conversation: str | None = None
         self.generating: str | None = None
         self.exchange: AsyncExchange | None = None
@@ -67,7 +68,15 @@ class Flight:
     def landed(self) -> None:
         self.generating = None  # the Completion: nothing to stop
 
+    def take_link(self) -> Link | None:
+        link, self.link = self.link, None
+        return link
+
     def close(self) -> None:
+        """Close the connection it reads, and the one made ahead if it was never used."""
+        link = self.take_link()
+        if link is not None:
+            link.close()
         if self.exchange is not None:
             self.exchange.close()
             self.exchange = None

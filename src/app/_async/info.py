@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from app._async.fetch import fetch
 from domain.cancel import CancelToken
+from domain.errors import InferError
 from domain.limits import ClientLimits
 from domain.llama_api import (
     PROPS_PATH,
@@ -27,7 +28,7 @@ from domain.llama_api import (
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
 from ports.clock import AsyncClock
-from ports.transport import AsyncTransport
+from ports.transport import AsyncTransport, Link
 
 __all__ = ["AsyncServerInfo"]
 
@@ -79,6 +80,18 @@ class AsyncServerInfo:
     async def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "POST", path, body, limits, token)
+
+    async def link_ahead(self) -> Link | None:
+        """A connection for a chat whose body is about to be rendered, made first, so that the
+        proxy's accept (and its connection upstream) runs while the body renders; None when
+        `render` needs a request first (the slot count unknown) or the connect fails (the chat's
+        own connect then says why)."""
+        if self._total_slots is None:
+            return None
+        try:
+            return await self._transport.connect(self._limits.poll_ms / 1000.0)
+        except InferError:
+            return None
 
     async def slot_count(self, token: CancelToken) -> int:
         if self._total_slots is None:

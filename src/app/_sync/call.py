@@ -67,7 +67,7 @@ from domain.retry import Attempts, RetryPolicy
 from domain.waiting import gate_timeout
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
-from ports.transport import Exchange, Transport, ResponseHead, TimedOut
+from ports.transport import Exchange, Transport, Link, ResponseHead, TimedOut
 
 T = TypeVar("T")
 
@@ -125,7 +125,7 @@ class LlamaCalls:
         return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool
+        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool, link: Link | None
     ) -> Generator[Step, None, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
@@ -134,9 +134,10 @@ class LlamaCalls:
         slot = req.slot
         clock = self._clock
         ticket = self._queue.enter(slot)
-        flight = Flight()
+        flight = Flight(link)  # `link`: a connection made ahead (`link_ahead`), used if nothing waits
         try:
             if ticket.ahead:
+                flight.close()  # not held through a wait at the gate
                 for queued in self._queued(ticket, slot, token):
                     yield queued
             prediction, rendered = self.cache.before(req, body, token)
@@ -231,7 +232,10 @@ class LlamaCalls:
         conversation = new_conversation_id()
         headers = ((CONVERSATION_HEADER, conversation),)
         timeout = limits.poll_ms / 1000.0
-        exchange = self._transport.open("POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers)
+        link = flight.take_link()
+        exchange = self._transport.open(
+            "POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers, link=link
+        )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         try:
             sent = clock.now()

@@ -127,10 +127,12 @@ class Client:
             attempts = llama.attempts()
             body: bytes | None = None
             while True:
+                link = None
                 try:
                     if body is None:
+                        link = llama.info.link_ahead()  # connecting while the body renders
                         body = llama.info.render(req, token)
-                    steps = llama.attempt(req, body, token, attempts, resend=retry)
+                    steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
                     with contextlib.closing(steps):
                         for step in steps:
                             yield step
@@ -142,6 +144,9 @@ class Client:
                     yield event
                     llama.sleep(event.after_ms / 1000.0, token)
                     token.raise_if_cancelled()
+                finally:
+                    if link is not None:
+                        link.close()  # never sent on; once it was, its exchange has closed it already
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc

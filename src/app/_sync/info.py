@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from app._sync.fetch import fetch
 from domain.cancel import CancelToken
+from domain.errors import InferError
 from domain.limits import ClientLimits
 from domain.llama_api import (
     PROPS_PATH,
@@ -28,7 +29,7 @@ from domain.llama_api import (
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
 from ports.clock import Clock
-from ports.transport import Transport
+from ports.transport import Transport, Link
 
 __all__ = ["ServerInfo"]
 
@@ -80,6 +81,18 @@ class ServerInfo:
     def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "POST", path, body, limits, token)
+
+    def link_ahead(self) -> Link | None:
+        """A connection for a chat whose body is about to be rendered, made first, so that the
+        proxy's accept (and its connection upstream) runs while the body renders; None when
+        `render` needs a request first (the slot count unknown) or the connect fails (the chat's
+        own connect then says why)."""
+        if self._total_slots is None:
+            return None
+        try:
+            return self._transport.connect(self._limits.poll_ms / 1000.0)
+        except InferError:
+            return None
 
     def slot_count(self, token: CancelToken) -> int:
         if self._total_slots is None:

@@ -21,7 +21,7 @@ import time
 from adapters.uds_http._async.exchange import AsyncHttpExchange, send
 from adapters.uds_http.response import render
 from adapters.uds_http.sockets import AsyncSocketStream
-from ports.transport import CancelSignal
+from ports.transport import CancelSignal, Link
 
 __all__ = ["AsyncUdsTransport", "exchange_over"]
 
@@ -38,6 +38,10 @@ class AsyncUdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
+    async def connect(self, timeout: float) -> AsyncSocketStream:
+        """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
+        return await AsyncSocketStream.connect(self.socket_path, timeout)
+
     async def open(
         self,
         method: str,
@@ -47,15 +51,28 @@ class AsyncUdsTransport:
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> AsyncHttpExchange:
-        """Connect, send the whole request (with the `headers` given besides its own) and return
-        the exchange (aborted if `cancel` fires, from the first byte written on).
+        """Connect (or take `link`, a connection `connect` made), send the whole request (with
+        the `headers` given besides its own) and return the exchange (aborted if `cancel`
+        fires, from the first byte written on).
 
         Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
-        request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
-        stream = await AsyncSocketStream.connect(self.socket_path, timeout)
+        try:
+            request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+        if link is None:
+            stream = await AsyncSocketStream.connect(self.socket_path, timeout)
+        elif isinstance(link, AsyncSocketStream):
+            stream = link
+        else:
+            link.close()
+            raise TypeError(f"{type(self).__name__} sends on its own connections, not on a {type(link).__name__}")
         return await send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 
 

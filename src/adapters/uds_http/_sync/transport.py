@@ -22,7 +22,7 @@ import time
 from adapters.uds_http._sync.exchange import HttpExchange, send
 from adapters.uds_http.response import render
 from adapters.uds_http.sockets import SocketStream
-from ports.transport import CancelSignal
+from ports.transport import CancelSignal, Link
 
 __all__ = ["UdsTransport", "exchange_over"]
 
@@ -39,6 +39,10 @@ class UdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
+    def connect(self, timeout: float) -> SocketStream:
+        """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
+        return SocketStream.connect(self.socket_path, timeout)
+
     def open(
         self,
         method: str,
@@ -48,15 +52,28 @@ class UdsTransport:
         timeout: float,
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
+        link: Link | None = None,
     ) -> HttpExchange:
-        """Connect, send the whole request (with the `headers` given besides its own) and return
-        the exchange (aborted if `cancel` fires, from the first byte written on).
+        """Connect (or take `link`, a connection `connect` made), send the whole request (with
+        the `headers` given besides its own) and return the exchange (aborted if `cancel`
+        fires, from the first byte written on).
 
         Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
-        request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
-        stream = SocketStream.connect(self.socket_path, timeout)
+        try:
+            request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
+        except BaseException:
+            if link is not None:
+                link.close()
+            raise
+        if link is None:
+            stream = SocketStream.connect(self.socket_path, timeout)
+        elif isinstance(link, SocketStream):
+            stream = link
+        else:
+            link.close()
+            raise TypeError(f"{type(self).__name__} sends on its own connections, not on a {type(link).__name__}")
         return send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 
 
