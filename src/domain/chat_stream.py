@@ -132,9 +132,10 @@ class ChatStream:
             raise self._liveness.error(now)
 
     def resumed(self, now: float) -> None:
-        """The body goes on, from the bytes fed so far, on another connection (a re-attach after
-        a cut or a stall): the silence limit restarts at `now`. A stream that ended (its
-        `Completion` or an error) cannot be resumed."""
+        """The body starts (the head came: a stream is made while its request is in the air) or
+        goes on, from the bytes fed so far, on another connection (a re-attach after a cut or a
+        stall): the silence limit restarts at `now`. A stream that ended (its `Completion` or an
+        error) cannot be resumed."""
         if self._over:
             raise ProtocolError("the stream is over: it cannot be resumed")
         self._stalled = False

@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-import secrets
+import os
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -59,7 +59,7 @@ def with_model(path: str, model: str) -> str:
 
 def new_conversation_id() -> str:
     """A fresh conversation id: 128 random bits, since anyone who knows it can read the replay."""
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()  # as `secrets.token_hex(16)` makes it, in fewer steps
 
 
 def _query(value: str) -> str:

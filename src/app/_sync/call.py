@@ -239,6 +239,10 @@ class LlamaCalls:
         flight.generating = conversation  # sent: the server may be generating for it from now on
         try:
             sent = clock.now()
+            max_tokens = effective_max_tokens(req, self._settings)  # the stream, made while the request flies
+            prompt = prompt_token_bound(len(body), self.info.n_ctx)
+            budget = req.thinking and self._settings.thinking_budget is not None
+            stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
             wait = limits.first_byte_wait(sent, slot)
             while isinstance(head := exchange.head(wait.timeout(clock.now())), TimedOut):
                 decision = wait.on_poll(clock.now(), self._probe.state(slot, token))
@@ -253,11 +257,8 @@ class LlamaCalls:
         except BaseException:
             exchange.close()
             raise
-        max_tokens = effective_max_tokens(req, self._settings)
-        prompt = prompt_token_bound(len(body), self.info.n_ctx)
-        budget = req.thinking and self._settings.thinking_budget is not None
-        stream = ChatStream(limits.stream, max_tokens, clock.now(), max_prompt_tokens=prompt, budget_sent=budget)
-        flight.take_off(conversation, exchange, stream, clock.now())
+        stream.resumed(now := clock.now())
+        flight.take_off(conversation, exchange, stream, now)
 
     def _reattach(self, flight: Flight, token: CancelToken) -> None:
         """The rest of the body from the bytes the flight consumed, on a new connection;
