@@ -11,6 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from adapters.proxy import server
 from adapters.proxy.connection import READY_EVERY_S
 from adapters.proxy.testing import (
     LoopbackUpstream,
@@ -203,10 +206,12 @@ def test_requests_of_every_size_go_up_whole_from_the_accepting_thread_and_the_fi
 
 
 def test_a_client_that_comes_while_the_connection_ahead_is_made_waits_for_it_not_for_a_new_one(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first client of a new proxy comes while its spare's first attempt may be under way:
-    # it takes that connection, so an upstream that accepts one connection serves it.
+    # it takes that connection, so an upstream that accepts one connection serves it. (The next
+    # spare, with its own connection ahead, is put off for the test.)
+    monkeypatch.setattr(server, "SPARE_AFTER_S", 60.0)
     for attempt in range(20):
         with (
             LoopbackUpstream(echo) as upstream,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,15 @@ def round_trip(client: socket.socket, message: bytes) -> bytes:
     while len(got) < len(message) and (chunk := client.recv(len(message) - len(got))):
         got += chunk
     return got
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def spare_threads() -> list[str]:
@@ -101,6 +112,8 @@ def test_the_spare_dies_with_the_proxy_leaving_no_thread_and_no_descriptor(
             assert sockets_and_pipes() > descriptors
         assert spare_threads() == []
         assert not [t.name for t in threading.enumerate() if t.name.startswith("inferproxy-")]
+        # The upstream's end of a connection made ahead closes once its handler has seen the EOF.
+        assert eventually(lambda: upstream.live == 0)
         assert sockets_and_pipes() == descriptors
 
 
