@@ -2,20 +2,22 @@
 
 Against an upstream that answers at once (its own process: a select loop that sends the head and
 the first content event in one write as soon as the request is in), so the server's own jitter of
-several ms does not hide the path's cost, and beside it the real llama-server. The paths alternate
-within every round, each a new connection:
+several ms does not hide the path's cost, and beside it the real llama-server. Every round runs
+each path once, in an order shuffled anew (so no path always follows the same other or finds the
+caches another left), each on a new connection:
 
     direct     raw request ── TCP ─────────────────────────── upstream
     proxy      raw request ── Unix socket ── inferproxy ── TCP ── upstream
     client     Client.chat ── Unix socket ── inferproxy ── TCP ── upstream
     aclient    AsyncClient.chat, likewise (one event loop for every round)
     stamped    raw request through a second inferproxy whose connections note the time of their
-               accept, their upstream connect and the first byte ready in each direction
+               accept, the request moved up, their threads' start and the answer ready to move back
 
 A pause of `PAUSE_S` comes before each request, so each starts on cold caches, as a request
 after a pause does. Each figure is the median over the rounds of the time from the start of the
 request (the raw connect, or the call) to its first content byte (raw) or first `Content` event
-(the client). The client's times are noted by a transport that wraps the real one (request written, response head);
+(the client), with the middle half of the rounds (25th to 75th percentile) beside the main ones:
+this machine's host is shared, and its quiet and busy spells move every figure. The client's times are noted by a transport that wraps the real one (request written, response head);
 the stamped proxy's by a subclass of its connection in that proxy's process. Every process reads
 the same `CLOCK_MONOTONIC`, so their stamps compare.
 
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import select
 import selectors
 import signal
@@ -109,7 +112,8 @@ def serve_fast_upstream() -> None:
                     conn.sendall(first)
                     conn.sendall(rest)
             conn.close()
-            print(f"upstream {accepted} {done}", flush=True)
+            if data:  # one line a request: a connection made ahead and dropped unused brings none
+                print(f"upstream {accepted} {done}", flush=True)
 
 
 def _request_complete(got: bytearray) -> bool:
@@ -140,7 +144,6 @@ def serve_stamped_proxy(path: str, port: int) -> None:
 
         def _prepare(self) -> None:
             super()._prepare()
-            self._up = self._stamping(self._up, "up")
             self._down = self._stamping(self._down, "back")
 
         def _stamping(self, inner: Any, key: str) -> Any:
@@ -180,7 +183,7 @@ def serve_stamped_proxy(path: str, port: int) -> None:
             finally:
                 s = self.stamps
                 if s:
-                    keys = ("accept", "taken", "woken", "thread", "connected", "up", "back")
+                    keys = ("accept", "taken", "woken", "thread", "connected", "back")
                     line = " ".join(str(s.get(k, 0)) for k in keys)
                     print(f"proxy {line}", flush=True)
 
@@ -412,6 +415,11 @@ class Samples:
     def median(self, name: str) -> float:
         return statistics.median(self.values[name])
 
+    def spread(self, name: str) -> str:
+        """The middle half of the values: 25th to 75th percentile."""
+        low, _, high = statistics.quantiles(self.values[name], n=4)
+        return f"{low:.2f}-{high:.2f}"
+
 
 def measure(
     rounds: int,
@@ -427,9 +435,12 @@ def measure(
     marks: Marks,
     request: Callable[[], bytes],
 ) -> Samples:
+    """Every round runs each path once, in an order shuffled anew (seeded): no path always
+    comes first, after the same other, or onto the caches another left."""
     samples = Samples()
     req = bench_request()
     runner = asyncio.Runner()
+    order = random.Random(20261201)
 
     async def achat() -> int:
         start = ns()
@@ -439,56 +450,62 @@ def measure(
     def upstream_line() -> list[int]:
         return _stamps(upstream_proc, "upstream") if upstream_proc is not None else []
 
+    def raw(name: str, connect: Callable[[], socket.socket], keep: bool) -> None:
+        start, connected, first = raw_first(connect, request())
+        upstream_line()
+        if keep:
+            samples.add(name, start, first)
+            samples.add(f"{name} connect", start, connected)
+
+    def call(name: str, keep: bool) -> None:
+        marks.reset()
+        if name == "client":
+            start = ns()
+            client.chat(req, marks.on_event)
+        else:
+            start = runner.run(achat())
+        upstream_line()
+        if keep:
+            samples.add(name, start, marks.first)
+            samples.add(f"{name} written", start, marks.written)
+            samples.add(f"{name} head", start, marks.head)
+
+    def stamped_raw(keep: bool) -> None:
+        assert stamped is not None and stamped_proc is not None
+        start, connected, first = raw_first(stamped, request())
+        up = upstream_line()
+        accept, taken, woken, thread, linked, fwd_back = _stamps(stamped_proc, "proxy")
+        if not keep:
+            return
+        samples.add("stamped", start, first)
+        for name, at in (
+            ("stamped connect", connected),
+            ("stamped accept", accept),
+            ("stamped taken", taken),
+            ("stamped woken", woken),
+            ("stamped thread", thread),
+            ("stamped upstream connected", linked),
+            ("stamped back ready", fwd_back),
+        ):
+            if at:  # a step this connection did not take (a connect, with one made ahead)
+                samples.add(name, start, at)
+        if up and up[0] > start:  # accepted for this request, not ahead of it
+            samples.add("stamped upstream accepted", start, up[0])
+        if up:
+            samples.add("stamped upstream request in", start, up[1])
+
+    paths: list[Callable[[bool], None]] = [
+        lambda keep: raw("direct", direct, keep),
+        lambda keep: raw("proxy", proxied, keep),
+        lambda keep: call("client", keep),
+        lambda keep: call("aclient", keep),
+    ]
+    if stamped is not None and stamped_proc is not None:
+        paths.append(stamped_raw)
     try:
         for index in range(warmup + rounds):
-            keep = index >= warmup
-            start, connected, first = raw_first(direct, request())
-            upstream_line()
-            if keep:
-                samples.add("direct", start, first)
-                samples.add("direct connect", start, connected)
-            time.sleep(PAUSE_S)
-            start, connected, first = raw_first(proxied, request())
-            upstream_line()
-            if keep:
-                samples.add("proxy", start, first)
-                samples.add("proxy connect", start, connected)
-            time.sleep(PAUSE_S)
-            # The two clients swap places every round: the one that runs first finds colder caches.
-            for name in ("client", "aclient") if index % 2 else ("aclient", "client"):
-                marks.reset()
-                if name == "client":
-                    start = ns()
-                    client.chat(req, marks.on_event)
-                else:
-                    start = runner.run(achat())
-                upstream_line()
-                if keep:
-                    samples.add(f"{name}", start, marks.first)
-                    samples.add(f"{name} written", start, marks.written)
-                    samples.add(f"{name} head", start, marks.head)
-                time.sleep(PAUSE_S)
-            if stamped is not None and stamped_proc is not None:
-                start, connected, first = raw_first(stamped, request())
-                up = upstream_line()
-                accept, taken, woken, thread, linked, fwd_up, fwd_back = _stamps(stamped_proc, "proxy")
-                if keep:
-                    samples.add("stamped", start, first)
-                    for name, at in (
-                        ("stamped connect", connected),
-                        ("stamped accept", accept),
-                        ("stamped taken", taken),
-                        ("stamped woken", woken),
-                        ("stamped thread", thread),
-                        ("stamped upstream connected", linked),
-                        ("stamped up ready", fwd_up),
-                        ("stamped back ready", fwd_back),
-                    ):
-                        if at:  # a step this connection did not take (a connect, with one ready)
-                            samples.add(name, start, at)
-                    if up:
-                        samples.add("stamped upstream accepted", start, up[0])
-                        samples.add("stamped upstream request in", start, up[1])
+            for path in order.sample(paths, len(paths)):
+                path(index >= warmup)
                 time.sleep(PAUSE_S)
     finally:
         runner.close()
@@ -498,12 +515,11 @@ def measure(
 STAMPS = [  # the stamped proxy's times, in order, and what each is
     ("stamped connect", "the client's connect returned"),
     ("stamped accept", "accepted, handed to the spare"),
-    ("stamped taken", "taken, and what the client sent moved up (if it had come)"),
-    ("stamped woken", "its threads woken, the upstream connect started"),
+    ("stamped taken", "what the client sent moved up the connection made ahead"),
+    ("stamped woken", "its threads woken"),
     ("stamped thread", "its first thread running"),
-    ("stamped upstream accepted", "the upstream accepted the connection"),
-    ("stamped upstream connected", "the first thread saw the upstream connected"),
-    ("stamped up ready", "the request ready to move up"),
+    ("stamped upstream accepted", "the upstream accepted a connection made now (none ready)"),
+    ("stamped upstream connected", "the first thread saw it connected"),
     ("stamped upstream request in", "the upstream has the whole request"),
     ("stamped back ready", "the answer ready to move back"),
     ("stamped", "the client has the first content byte"),
@@ -514,12 +530,13 @@ def rows(samples: Samples, label: str, rounds: int) -> list[Row]:
     m = samples.median
     direct, proxy, client, aclient = m("direct"), m("proxy"), m("client"), m("aclient")
     connects = f"{m('direct connect'):.3f} / {m('proxy connect'):.3f}"
+    q = samples.spread
     out: list[Row] = [
-        (f"first token, {label} ({rounds} rounds, median ms from the start)", ""),
-        ("  direct TCP, raw request", f"{direct:.2f}"),
-        ("  raw request through inferproxy", f"{proxy:.2f} ({proxy - direct:+.2f} over direct)"),
-        ("  Client.chat through inferproxy", f"{client:.2f} ({client - direct:+.2f})"),
-        ("  AsyncClient.chat through inferproxy", f"{aclient:.2f} ({aclient - direct:+.2f})"),
+        (f"first token, {label} ({rounds} rounds, median ms from the start; middle half)", ""),
+        ("  direct TCP, raw request", f"{direct:.2f} ({q('direct')})"),
+        ("  raw request through inferproxy", f"{proxy:.2f} ({proxy - direct:+.2f} over direct; {q('proxy')})"),
+        ("  Client.chat through inferproxy", f"{client:.2f} ({client - direct:+.2f}; {q('client')})"),
+        ("  AsyncClient.chat through inferproxy", f"{aclient:.2f} ({aclient - direct:+.2f}; {q('aclient')})"),
         ("  the proxy's part: raw through it - direct (goal <= 0.2)", f"{proxy - direct:.2f}"),
         (
             "  the client's part: the client - raw, through the proxy (goal <= 0.3)",

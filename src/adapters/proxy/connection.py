@@ -98,6 +98,7 @@ class Connection:
         self._linked: socket.socket | None = None  # the upstream, connected, for the second thread
         self._lock = threading.Lock()
         self._taken = threading.Event()  # a client was handed over, or the connection aborted
+        self.prepared = threading.Event()  # its first thread made what it makes ahead (or ended)
         self._connected = threading.Event()  # the upstream connected, or the connection is ending
         self._aborted = False
         self._closed = False
@@ -197,7 +198,10 @@ class Connection:
 
     def _run(self) -> None:
         try:
-            self._prepare()
+            try:
+                self._prepare()
+            finally:
+                self.prepared.set()
             self._taken.wait()
             if not self._aborted:
                 self._forward()

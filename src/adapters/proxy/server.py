@@ -118,10 +118,14 @@ class Proxy:
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no connection is open, their threads have ended and the next spare is
-        made (or none is due); False on timeout."""
+        made, with what it makes ahead (or none is due); False on timeout."""
+        deadline = time.monotonic() + timeout
         with self._changed:
             if not self._changed.wait_for(lambda: not self._open and not self._spare_due(), timeout):
                 return False
+            spare = self._spare
+        if spare is not None and not spare.prepared.wait(max(0.0, deadline - time.monotonic())):
+            return False
         self._reap()
         return True
 
