@@ -17,8 +17,9 @@ A pause of `PAUSE_S` comes before each request, so each starts on cold caches, a
 after a pause does. Each figure is the median over the rounds of the time from the start of the
 request (the raw connect, or the call) to its first content byte (raw) or first `Content` event
 (the client), with the middle half of the rounds (25th to 75th percentile) beside the main ones:
-this machine's host is shared, and its quiet and busy spells move every figure. The client's times are noted by a transport that wraps the real one (request written, response head);
-the stamped proxy's by a subclass of its connection in that proxy's process. Every process reads
+this machine's host is shared, and its quiet and busy spells move every figure. The client's
+times are noted by a transport that wraps the real one (request written, response head); the
+stamped proxy's by a subclass of its connection in that proxy's process. Every process reads
 the same `CLOCK_MONOTONIC`, so their stamps compare.
 
 Run: `.venv/bin/python bench/first_token_bench.py [--quick] [--fast-only]`.
