@@ -14,6 +14,9 @@ connection ready, then moves upstream → client. Invariants:
   then goes up the ready connection at once (a non-blocking read and write of at most
   `FIRST_READ` bytes, never looked at), so a request that is already in is on its way before the
   threads wake. What could not be written is sent by the first thread before anything else.
+  When it moved everything the client had sent, neither thread is woken (`wake`): the first
+  waits in an epoll for the client to send more or close, the second in its poll of the ready
+  connection for the upstream's answer, so only the upstream runs between request and answer.
 - Every connect is non-blocking with a poll that an abort ends (the socket is published, under
   the lock `abort` takes, before its connect starts), so a stop is never held up by an upstream
   that does not answer.
@@ -87,6 +90,8 @@ class Connection:
         self._moved = False  # `forward_first` moved bytes: the first byte came
         self._first: bytearray | None = None  # `forward_first`'s buffer, made with the spare's pipes
         self._wake_read = self._wake_write = -1  # ends the second thread's wait as a spare
+        self._watch: select.epoll | None = None  # the first thread's wait, while its client says nothing
+        self._lazy = False  # taken with its request moved: each thread wakes when it has bytes to move
         self._connect_timeout = connect_timeout
         self._first_byte_by = 0.0
         self._first_byte_timeout = first_byte_timeout
@@ -116,6 +121,12 @@ class Connection:
             self._first = bytearray(FIRST_READ)
             with contextlib.suppress(OSError):  # without it, nothing is connected ahead
                 self._wake_read, self._wake_write = os.pipe()
+            if self._wake_read >= 0 and hasattr(select, "epoll"):
+                try:
+                    self._watch = select.epoll()
+                    self._watch.register(self._wake_read, select.EPOLLIN)
+                except OSError:
+                    self._watch = None
         try:
             self.thread.start()
         except RuntimeError:
@@ -169,7 +180,18 @@ class Connection:
 
     def wake(self) -> None:
         """Let the threads of a taken connection run; never blocks. The accepting thread calls
-        it just before it blocks itself, so the GIL is free for them."""
+        it just before it blocks itself, so the GIL is free for them. A connection whose
+        request `forward_first` moved whole, so far, wakes neither thread: the first wakes when
+        the client sends more (or closes), the second when the upstream answers, so nothing but
+        the upstream runs between the request and its answer."""
+        client, watch = self._client, self._watch
+        if watch is not None and client is not None and self._moved and not self._pending and self._linked is not None:
+            self._lazy = True
+            try:
+                watch.register(client, select.EPOLLIN | select.EPOLLRDHUP)
+                return
+            except OSError:
+                self._lazy = False
         self._taken.set()
         self._poke()
 
@@ -202,7 +224,7 @@ class Connection:
                 self._prepare()
             finally:
                 self.prepared.set()
-            self._taken.wait()
+            self._wait_taken()
             if not self._aborted:
                 self._forward()
         finally:
@@ -214,6 +236,17 @@ class Connection:
             self._release_down()
             self._close()
             self._on_finished(self)
+
+    def _wait_taken(self) -> None:
+        """Until `wake` (or an abort); for a lazy take, until the client has more to say."""
+        watch = self._watch
+        if watch is None:
+            self._taken.wait()
+            return
+        while not (self._taken.is_set() or self._aborted):
+            with contextlib.suppress(InterruptedError):
+                if watch.poll() and self._lazy:
+                    return  # the client sent more, or closed: the first thread's to move
 
     def _prepare(self) -> None:
         """Make the movers' pipes, and `forward_first`'s buffer for a spare, ahead."""
@@ -270,12 +303,16 @@ class Connection:
             events = poller.poll(math.ceil(left * 1000))
             if any(fd == self._wake_read for fd, _ in events):
                 return False
-            if events and ready is not None:  # dropped: none until the next attempt
-                poller.unregister(ready)
+            if events and ready is not None:
                 with self._lock:
-                    if self._ready is ready and self._client is None:
+                    if self._client is not None:
+                        return False  # taken (lazily), and the upstream answers: the second thread's to move
+                    dropped = self._ready is ready  # none until the next attempt
+                    if dropped:
                         self._ready = self._ready_check = None
-                        ready.close()
+                poller.unregister(ready)
+                if dropped:
+                    ready.close()  # unpublished above: this thread's alone
                 ready = None
         return True
 
@@ -470,6 +507,8 @@ class Connection:
                 self._client.close()
             if self._upstream is not None:
                 self._upstream.close()
+            if self._watch is not None:
+                self._watch.close()
             for fd in (self._wake_read, self._wake_write):
                 if fd >= 0:
                     os.close(fd)
