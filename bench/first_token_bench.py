@@ -161,7 +161,7 @@ def serve_stamped_proxy(path: str, port: int) -> None:
             self.stamps["accept"] = ns()
             return super().take(client, first_byte_by)
 
-        def forward_first(self) -> None:
+        def forward_first(self) -> None:  # (older proxies, without it, leave "taken" unstamped)
             super().forward_first()
             self.stamps["taken"] = ns()
 
