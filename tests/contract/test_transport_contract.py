@@ -293,6 +293,8 @@ def test_a_request_sent_on_a_connection_made_ahead_is_answered_as_any(harness: H
     assert read_all(exchange, harness.time, 100, 2.0) == b'{"ok":true}'
     (request,) = harness.requests
     assert (request.method, request.path, request.body) == ("POST", CHAT, b'{"a":1}')
+    if isinstance(harness.routes, FakeServer):
+        assert harness.routes.accepted == 1  # on the connection made ahead, not on a new one
 
 
 def test_a_malformed_request_on_a_connection_made_ahead_is_refused_and_the_connection_closed(
