@@ -6,27 +6,17 @@ client that must ask `/props` for the slot count first makes none."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
 from adapters.fake_server import FakeServer, RecordedRequest, Script, json_reply, sse_reply
+from adapters.proxy.testing import eventually
 from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, Kind, recorded
 from domain.errors import RequestError
 from domain.events import ChatEvent, Queued
 from domain.messages import ChatRequest
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
-
-
-def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def test_a_chat_sends_on_the_one_connection_it_made_before_rendering(server: FakeServer, client_kind: Kind) -> None:

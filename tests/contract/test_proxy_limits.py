@@ -13,23 +13,11 @@ import time
 from pathlib import Path
 
 from adapters.proxy.options import ProxyLimits
-from adapters.proxy.testing import LoopbackUpstream, ManualClock, RunningProxy, echo, running_proxy
+from adapters.proxy.testing import LoopbackUpstream, ManualClock, RunningProxy, echo, round_trip, running_proxy
 
 CONNS_FULL = "refused a connection: 8 connections already open"
 RATE_REASON = "accept rate limit (burst 10, refill 2/s)"
 RATE_LIMITED = f"refused a connection: {RATE_REASON}"
-
-
-def round_trip(client: socket.socket, message: bytes) -> bytes:
-    client.settimeout(2)
-    client.sendall(message)
-    got = b""
-    while len(got) < len(message):
-        chunk = client.recv(len(message) - len(got))
-        if not chunk:
-            break
-        got += chunk
-    return got
 
 
 def closed_at_once(client: socket.socket, within: float = 0.2) -> bool:

@@ -18,31 +18,16 @@ from adapters.proxy.connection import READY_EVERY_S
 from adapters.proxy.testing import (
     LoopbackUpstream,
     black_hole,
+    closed,
     echo,
+    eventually,
     pending_connects,
+    round_trip,
     running_proxy,
     unused_port,
 )
 
 PERIOD = 0.1
-
-
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
-def round_trip(client: socket.socket, message: bytes) -> bytes:
-    client.settimeout(2)
-    client.sendall(message)
-    got = b""
-    while len(got) < len(message) and (chunk := client.recv(len(message) - len(got))):
-        got += chunk
-    return got
 
 
 class Recording:
@@ -66,15 +51,6 @@ class Recording:
             conn.sendall(data)
         with self._lock:
             self.heard[number] = got
-
-
-def closed(client: socket.socket) -> bool:
-    """Whether the proxy has closed this client: EOF, or a reset for the request it never read."""
-    client.settimeout(2)
-    try:
-        return client.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 def send_and_half_close(client: socket.socket, payload: bytes) -> None:

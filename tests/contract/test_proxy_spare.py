@@ -6,35 +6,14 @@ upstream connection counted is a client's; `test_proxy_ready.py` has those made 
 from __future__ import annotations
 
 import os
-import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from adapters.proxy.connection import READY_EVERY_S
 from adapters.proxy.options import ProxyLimits
-from adapters.proxy.testing import LoopbackUpstream, echo, running_proxy
-
-
-def round_trip(client: socket.socket, message: bytes) -> bytes:
-    client.settimeout(2)
-    client.sendall(message)
-    got = b""
-    while len(got) < len(message) and (chunk := client.recv(len(message) - len(got))):
-        got += chunk
-    return got
-
-
-def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
+from adapters.proxy.testing import LoopbackUpstream, echo, eventually, round_trip, running_proxy
 
 
 def spare_threads() -> list[str]:

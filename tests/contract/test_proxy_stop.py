@@ -5,30 +5,18 @@ The upstream is a `black_hole`, where a connect neither succeeds nor is refused;
 are under way is read from the kernel's table of TCP sockets, so nothing here sleeps.
 """
 
-import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from adapters.proxy.testing import LoopbackUpstream, black_hole, echo, pending_connects, running_proxy
-
-
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
-def closed(client: socket.socket) -> bool:
-    """Whether the proxy has closed this client: EOF, or a reset for the request it never read."""
-    client.settimeout(1)
-    try:
-        return client.recv(1) == b""
-    except ConnectionResetError:
-        return True
+from adapters.proxy.testing import (
+    LoopbackUpstream,
+    black_hole,
+    closed,
+    echo,
+    eventually,
+    pending_connects,
+    running_proxy,
+)
 
 
 def test_a_stop_ends_serving_within_100_ms_while_connections_wait_for_their_upstream_connect(tmp_path: Path) -> None:

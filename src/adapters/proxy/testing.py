@@ -291,3 +291,32 @@ def running_proxy(
         serving.join(_JOIN_S)
         if serving.is_alive():
             raise RuntimeError("the proxy did not stop")
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Whether `condition` holds within `timeout` seconds (looked at every millisecond)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def round_trip(client: socket.socket, message: bytes) -> bytes:
+    """Send `message` and read back as many bytes (fewer if the connection ends first)."""
+    client.settimeout(2)
+    client.sendall(message)
+    got = b""
+    while len(got) < len(message) and (chunk := client.recv(len(message) - len(got))):
+        got += chunk
+    return got
+
+
+def closed(client: socket.socket) -> bool:
+    """Whether the proxy has closed this client: EOF, or a reset for the request it never read."""
+    client.settimeout(2)
+    try:
+        return client.recv(1) == b""
+    except ConnectionResetError:
+        return True
