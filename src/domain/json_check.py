@@ -1,4 +1,5 @@
-"""Caller-supplied JSON, held to one rule before anything is sent.
+"""Caller-supplied JSON, held to one rule before anything is sent, and the rendering of a request
+body built from it (`encode_json`).
 
 Every JSON tree a caller hands in (a tool's `parameters`, `response_format`) goes through
 `json_tree`, which returns it as plain JSON (mappings as dicts in the caller's own key order,

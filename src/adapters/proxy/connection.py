@@ -55,6 +55,17 @@ def _nothing() -> None:
     return None
 
 
+def _with_options(sock: socket.socket) -> bool:
+    """A connected upstream socket made blocking, with Nagle off; False (and closed) if that fails."""
+    try:
+        sock.setblocking(True)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        sock.close()
+        return False
+    return True
+
+
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 _LONGEST_POLL_MS = 2**31 - 1  # poll takes a C int of milliseconds
 READY_EVERY_S = 4.0  # below llama-server's 5 s for a connection that has sent nothing
@@ -88,7 +99,7 @@ class Connection:
             self._ahead.set()
         self._pending = b""  # the client's first bytes that `forward_first` could not write
         self._moved = False  # `forward_first` moved bytes: the first byte came
-        self._first: bytearray | None = None  # `forward_first`'s buffer, made with the spare's pipes
+        self._first: bytearray | None = None  # `forward_first`'s buffer, made by `start` for a spare
         self._wake_read = self._wake_write = -1  # ends the second thread's wait as a spare
         self._watch: select.epoll | None = None  # the first thread's wait, while its client says nothing
         self._lazy = False  # taken with its request moved: each thread wakes when it has bytes to move
@@ -244,12 +255,11 @@ class Connection:
             self._taken.wait()
             return
         while not (self._taken.is_set() or self._aborted):
-            with contextlib.suppress(InterruptedError):
-                if watch.poll() and self._lazy:
-                    return  # the client sent more, or closed: the first thread's to move
+            if watch.poll() and self._lazy:
+                return  # the client sent more, or closed: the first thread's to move
 
     def _prepare(self) -> None:
-        """Make the movers' pipes, and `forward_first`'s buffer for a spare, ahead."""
+        """Make the movers' pipes ahead."""
         self._up, self._release_up = ahead(self._mover)
         self._down, self._release_down = ahead(self._mover)
 
@@ -266,9 +276,12 @@ class Connection:
         """While the connection is a spare: an upstream connection made ahead, one attempt each
         `ready_every` seconds, each kept until the next (or until the upstream drops it). A client
         taken while an attempt is under way waits for it (`_ahead`)."""
-        every, wake = self._ready_every, self._wake_read
+        every = self._ready_every
+        if every is None or self._wake_read < 0:
+            self._ahead.set()
+            return
         try:
-            while every is not None and wake >= 0:
+            while True:
                 began = time.monotonic()
                 ready = self._connect_ahead()
                 with self._lock:
@@ -320,42 +333,12 @@ class Connection:
         """A connection upstream for the next client, or None (a failure, or an abort, whose
         shutdown of the connecting socket ends the wait)."""
         try:
-            infos = self._addresses
-            if infos is None:
-                infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+            ready = self._connect()
         except OSError:
             return None
-        for family, kind, proto, _name, sockaddr in infos:
-            try:
-                sock = socket.socket(family, kind, proto)
-            except OSError:
-                continue
-            connected = False
-            with self._lock:
-                if self._aborted:
-                    sock.close()
-                    return None
-                self._connecting = sock
-            try:
-                sock.setblocking(False)
-                started = sock.connect_ex(sockaddr)
-                if started == errno.EINPROGRESS:
-                    poller = select.poll()
-                    poller.register(sock, select.POLLOUT)
-                    done = poller.poll(math.ceil(self._connect_timeout * 1000))
-                    started = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) if done else errno.ETIMEDOUT
-                if started == 0 and not self._aborted:
-                    sock.setblocking(True)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    connected = True
-            except OSError:
-                pass
-            with self._lock:
-                self._connecting = None
-                if connected and not self._aborted:
-                    return sock
-                sock.close()
-        return None
+        if ready is not None and not _with_options(ready):
+            return None
+        return ready
 
     def _take_ready(self) -> socket.socket | None:
         """The connection made ahead, now the client's upstream, if the upstream has kept it."""
@@ -399,15 +382,18 @@ class Connection:
         """A connection made now (none was ready), or None (unreachable, with its line; aborted)."""
         try:
             upstream = self._connect()
-            if upstream is not None:
-                upstream.setblocking(True)
-                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return upstream
         except OSError as exc:
-            if self._upstream is None:  # the connect failed, not the options on a connected one
-                reason = exc.strerror or str(exc) or type(exc).__name__
-                self._on_closed(f"upstream {self._address} unreachable ({reason})")
+            reason = exc.strerror or str(exc) or type(exc).__name__
+            self._on_closed(f"upstream {self._address} unreachable ({reason})")
             return None
+        if upstream is None:
+            return None
+        with self._lock:
+            if self._aborted:
+                upstream.close()
+                return None
+            self._upstream = upstream  # shut by an abort, closed by `_close`
+        return upstream if _with_options(upstream) else None
 
     def _send_pending(self, upstream: socket.socket) -> None:
         pending, self._pending = self._pending, b""
@@ -417,10 +403,10 @@ class Connection:
             self.abort()
 
     def _connect(self) -> socket.socket | None:
-        """The upstream connection, as `socket.create_connection` makes it, or None once aborted.
-
-        Each address the name resolves to gets `connect_timeout`; the last failure is raised.
-        """
+        """A connection upstream, as `socket.create_connection` makes it (still non-blocking),
+        now the caller's; None once aborted. Each address the name resolves to gets
+        `connect_timeout`; the last failure is raised. The attempt under way is `_connecting`,
+        which an abort shuts down, ending the wait for it."""
         infos = self._addresses
         if infos is None:
             infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
@@ -432,7 +418,7 @@ class Connection:
                 if self._aborted:
                     sock.close()
                     return None
-                self._upstream = sock
+                self._connecting = sock
                 # Started under the lock, so an abort either comes first (and is seen above)
                 # or finds the connect under way and shuts it down, which ends the poll below.
                 started = sock.connect_ex(sockaddr)
@@ -441,15 +427,13 @@ class Connection:
                     raise OSError(started, os.strerror(started))
                 if started:
                     self._wait_connected(sock)
-                with self._lock:
-                    if self._aborted:
-                        return None
-                return sock
             except OSError as exc:
                 failure = exc
-                with self._lock:
-                    self._upstream = None
-                    sock.close()
+            with self._lock:
+                self._connecting = None
+                if failure is None and not self._aborted:
+                    return sock
+                sock.close()
                 if self._aborted:
                     return None
         raise failure if failure is not None else OSError(f"no address for {self._address.host}")
