@@ -1,4 +1,5 @@
-"""An asyncio read that is cancelled, or runs out of time, takes no byte with it.
+"""An asyncio read that is cancelled, or runs out of time, takes no byte with it; a write sends
+every byte or times out.
 
 The loop's own `sock_recv` reads inside a reader callback and hands the bytes over through a
 future: a cancel (a timeout is one) landing in the same turn of the loop, after the callback and
@@ -76,3 +77,72 @@ def test_a_read_that_times_out_as_its_bytes_arrive_leaves_them_for_the_next_read
         return got
 
     assert asyncio.run(scene()) == [b"y"] * 50
+
+
+# -- writes: what the socket's buffer takes at once needs no timer; the rest waits, within the
+# timeout ------------------------------------------------------------------------------------
+
+
+def _buffered_pair() -> tuple[socket.socket, socket.socket]:
+    ours, peer = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return ours, peer
+
+
+def test_a_write_the_buffer_takes_whole_returns_without_waiting_even_with_no_time_left() -> None:
+    async def scene() -> bytes:
+        ours, peer = socket.socketpair()
+        stream = AsyncSocketStream(ours)
+        try:
+            await stream.send_all(b"GET / HTTP/1.1\r\n\r\n", 0.0)
+            return peer.recv(100)
+        finally:
+            stream.close()
+            peer.close()
+
+    assert asyncio.run(scene()) == b"GET / HTTP/1.1\r\n\r\n"
+
+
+def test_a_write_larger_than_the_buffer_arrives_whole_and_in_order() -> None:
+    data = bytes(range(256)) * 4096  # 1 MiB: many times what the buffers hold
+
+    async def scene() -> bytes:
+        ours, peer = _buffered_pair()
+        stream = AsyncSocketStream(ours)
+        got = bytearray()
+
+        def drain() -> None:
+            while len(got) < len(data):
+                piece = peer.recv(65536)
+                if not piece:
+                    return
+                got.extend(piece)
+
+        try:
+            reader = asyncio.get_running_loop().run_in_executor(None, drain)
+            await stream.send_all(data, 5.0)
+            await reader
+            return bytes(got)
+        finally:
+            stream.close()
+            peer.close()
+
+    assert asyncio.run(scene()) == data
+
+
+def test_a_write_the_peer_never_reads_times_out_within_its_limit() -> None:
+    async def scene() -> float:
+        ours, peer = _buffered_pair()
+        stream = AsyncSocketStream(ours)
+        loop = asyncio.get_running_loop()
+        try:
+            started = loop.time()
+            with pytest.raises(TimeoutError):
+                await stream.send_all(b"x" * (1 << 20), 0.05)
+            return loop.time() - started
+        finally:
+            stream.close()
+            peer.close()
+
+    assert 0.04 <= asyncio.run(scene()) < 1.0

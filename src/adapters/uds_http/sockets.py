@@ -11,6 +11,8 @@ naming the socket path and what is wrong with it.
 Invariants:
 - The blocking socket's timeout is set only when a call's timeout differs from the last one, so a
   stream read with one timeout throughout costs one `recv` per call and nothing more.
+- A write that the socket's buffer takes whole is one `send`, with no timer (a request, nearly
+  always); only the rest waits on the loop, within the timeout.
 - A non-blocking read that finds bytes waiting still lets the loop run once, so a fast sender
   never keeps one task running for more than one read's worth of parsing.
 - A read that times out or is cancelled has taken no byte: it waits for the socket to be
@@ -132,8 +134,14 @@ class AsyncSocketStream:
             return cls(sock)
 
     async def send_all(self, data: bytes, timeout: float) -> None:
+        try:
+            sent = self._sock.send(data)  # a request the socket's buffer takes whole: no timer
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent == len(data):
+            return
         async with asyncio.timeout(max(timeout, 0.0)):
-            await self._loop.sock_sendall(self._sock, data)
+            await self._loop.sock_sendall(self._sock, memoryview(data)[sent:])
 
     async def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut:
         sock = self._sock
