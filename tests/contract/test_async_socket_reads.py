@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -77,6 +78,51 @@ def test_a_read_that_times_out_as_its_bytes_arrive_leaves_them_for_the_next_read
         return got
 
     assert asyncio.run(scene()) == [b"y"] * 50
+
+
+def test_bytes_left_unread_after_a_wait_never_keep_the_loop_turning() -> None:
+    # The reader stays on the loop after a wait that got its bytes; with nobody waiting, the
+    # next readiness takes it off, or the loop would turn flat out on the unread bytes.
+    async def scene() -> tuple[float, bytes, bytes]:
+        ours, peer = socket.socketpair()
+        stream = AsyncSocketStream(ours)
+        try:
+            reading = asyncio.ensure_future(stream.recv(1, 5.0))
+            await asyncio.sleep(0)  # the read is waiting
+            peer.send(b"abc")
+            first = await reading  # one byte taken, two left unread
+            cpu = time.process_time()
+            await asyncio.sleep(0.1)
+            used = time.process_time() - cpu
+            rest = await stream.recv(10, 1.0)
+            return used, first if isinstance(first, bytes) else b"", rest if isinstance(rest, bytes) else b""
+        finally:
+            stream.close()
+            peer.close()
+
+    used, first, rest = asyncio.run(scene())
+    assert (first, rest) == (b"a", b"bc")
+    assert used < 0.05
+
+
+def test_a_wait_after_a_wait_is_woken_by_the_next_bytes() -> None:
+    async def scene() -> list[bytes]:
+        ours, peer = socket.socketpair()
+        stream = AsyncSocketStream(ours)
+        got: list[bytes] = []
+        try:
+            for piece in (b"x", b"y", b"z"):
+                reading = asyncio.ensure_future(stream.recv(10, 2.0))
+                await asyncio.sleep(0)  # waiting, the reader kept from the wait before
+                peer.send(piece)
+                data = await reading
+                got.append(data if isinstance(data, bytes) else b"")
+            return got
+        finally:
+            stream.close()
+            peer.close()
+
+    assert asyncio.run(scene()) == [b"x", b"y", b"z"]
 
 
 # -- writes: what the socket's buffer takes at once needs no timer; the rest waits, within the

@@ -99,13 +99,15 @@ class AsyncSocketStream:
     """The `AsyncByteStream` port over a connected socket, which it owns and makes non-blocking.
     Made and used inside one running event loop."""
 
-    __slots__ = ("_fd", "_loop", "_sock")
+    __slots__ = ("_fd", "_loop", "_sock", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None  # the read waiting for readiness
+        self._watching = False  # the loop has `_readable` as the socket's reader
 
     @classmethod
     async def connect(cls, path: str, timeout: float) -> AsyncSocketStream:
@@ -154,24 +156,39 @@ class AsyncSocketStream:
             return data
         # Wait for readiness, then read ourselves: a read the loop made for us (`sock_recv`) and
         # a timeout or cancel landing in the same turn would drop the bytes it had taken.
+        # The reader stays on the loop after a wait (`_readable` takes it off when it fires with
+        # nobody waiting), so a read that got its bytes returns without a call to the selector.
         loop = self._loop
         deadline = loop.time() + timeout
         while True:
             left = deadline - loop.time()
             if left <= 0.0:
                 return TIMED_OUT
-            ready = loop.create_future()
-            loop.add_reader(self._fd, _settle, ready)
+            ready = self._waiter = loop.create_future()
+            if not self._watching:
+                loop.add_reader(self._fd, self._readable)
+                self._watching = True
             timer = loop.call_later(left, _settle, ready)
             try:
                 await ready
             finally:
                 timer.cancel()
-                loop.remove_reader(self._fd)
+                self._waiter = None
             try:
                 return sock.recv(max_bytes)
             except (BlockingIOError, InterruptedError):
                 continue  # woken by the timer, or readable for nothing: the deadline decides
+
+    def _readable(self) -> None:
+        """The socket's reader: wakes the read that waits; with none waiting (the bytes are
+        being read, or nobody reads now), it stops watching, so bytes left unread never keep
+        the loop turning."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        elif self._watching:
+            self._watching = False
+            self._loop.remove_reader(self._fd)
 
     async def pause(self) -> None:
         await asyncio.sleep(0)
@@ -183,6 +200,7 @@ class AsyncSocketStream:
     def close(self) -> None:
         # Off the loop first: a read or write future the task left behind (cancelled) would
         # otherwise unregister the descriptor later, when its number may belong to a new socket.
+        self._watching = False
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._fd)
             self._loop.remove_writer(self._fd)
