@@ -159,8 +159,6 @@ class Connection:
                 return False
             self._client = client
             self._first_byte_by = first_byte_by
-        self.thread.name = self._name
-        self._back.name = f"{self._name}-back"
         return True
 
     def forward_first(self) -> None:
@@ -195,6 +193,8 @@ class Connection:
         request `forward_first` moved whole, so far, wakes neither thread: the first wakes when
         the client sends more (or closes), the second when the upstream answers, so nothing but
         the upstream runs between the request and its answer."""
+        self.thread.name = self._name  # named as a client's now that its first bytes are on their way
+        self._back.name = f"{self._name}-back"
         client, watch = self._client, self._watch
         if watch is not None and client is not None and self._moved and not self._pending and self._linked is not None:
             self._lazy = True
@@ -265,7 +265,8 @@ class Connection:
 
     def _run_back(self) -> None:
         self._keep_ready()
-        self._connected.wait()
+        if not self._connected.is_set():  # (set, for a lazy take: `Event.wait` is several calls)
+            self._connected.wait()
         with self._lock:
             upstream, client = self._linked, self._client
             if self._aborted or upstream is None or client is None:
@@ -303,7 +304,8 @@ class Connection:
                         self._ready.close()
                     self._ready = self._ready_check = None
         finally:
-            self._ahead.set()
+            if not self._ahead.is_set():
+                self._ahead.set()
 
     def _wait_ready(self, ready: socket.socket | None, until: float) -> bool:
         """Hold `ready` until `until`, or until the upstream drops it (then hold nothing): True;
@@ -314,8 +316,9 @@ class Connection:
             poller.register(ready, select.POLLIN)
         while (left := until - time.monotonic()) > 0:
             events = poller.poll(math.ceil(left * 1000))
-            if any(fd == self._wake_read for fd, _ in events):
-                return False
+            for fd, _ in events:
+                if fd == self._wake_read:
+                    return False
             if events and ready is not None:
                 with self._lock:
                     if self._client is not None:

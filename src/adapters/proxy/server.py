@@ -247,21 +247,24 @@ class Proxy:
         if not self._bucket.take():
             self._refuse(client, f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)")
             return False
-        with self._changed:
+        with self._changed:  # one look at the state, on the way to the client's first bytes
             full = len(self._open) >= self._limits.max_conns
+            connection = None
+            if not full:
+                connection, self._spare = self._spare, None
+                if connection is not None:
+                    self._open.add(connection)
         if full:
             self._refuse(client, f"{self._limits.max_conns} connections already open")
             return False
-        with self._changed:
-            connection, self._spare = self._spare, None
         if connection is None:
             connection = self._new_connection(spare=False)
             if connection is None:
                 self._refuse(client, "cannot start a thread")
                 return False
+            with self._changed:
+                self._open.add(connection)
         client.setblocking(True)
-        with self._changed:
-            self._open.add(connection)
         if not connection.take(client, time.monotonic() + self._limits.first_byte_timeout):  # pragma: no cover
             with self._changed:
                 self._open.discard(connection)
