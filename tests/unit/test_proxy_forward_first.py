@@ -1,6 +1,7 @@
-"""`Connection.forward_first` and the check of the connection made ahead, on socket pairs: what
-the client has sent goes up at once, what the upstream socket does not take at once is kept for
-the first thread, and a connection the upstream closed (or that talks unasked) is never used."""
+"""`Connection.forward_first` (and its second look at `wake`) and the check of the connection made
+ahead, on socket pairs: what the client has sent goes up at once, what the upstream socket does
+not take at once is kept for the first thread, and a connection the upstream closed (or that
+talks unasked) is never used."""
 
 from __future__ import annotations
 
@@ -131,3 +132,38 @@ def test_a_ready_connection_that_fails_at_the_send_hands_the_bytes_to_the_first_
     finally:
         idle_a.close()
         idle_b.close()
+
+
+def test_a_request_that_comes_after_forward_first_goes_up_at_wake_and_wakes_no_thread(pairs: Pairs) -> None:
+    client, accepted, up, server = pairs
+    conn = connection()
+    made_ahead(conn, up)
+    conn._watch = select.epoll()  # what `start` makes: the first thread's wait while its client is quiet
+    try:
+        assert conn.take(accepted, 0.0)
+        conn.forward_first()
+        assert not conn._moved  # nothing had come yet
+        client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        conn.wake()
+        server.settimeout(1)
+        assert server.recv(100) == b"POST / HTTP/1.1\r\n\r\n"
+        assert conn._lazy and not conn._taken.is_set()
+    finally:
+        conn._watch.close()
+
+
+def test_a_request_that_cannot_go_up_at_wake_is_pending_for_the_first_thread(pairs: Pairs) -> None:
+    client, accepted, up, server = pairs
+    conn = connection()
+    made_ahead(conn, up)
+    conn._watch = select.epoll()
+    try:
+        assert conn.take(accepted, 0.0)
+        conn.forward_first()
+        server.close()  # the upstream drops the connection now: the write at wake fails
+        client.sendall(b"POST / HTTP/1.1\r\n\r\n")
+        conn.wake()
+        assert conn._pending == b"POST / HTTP/1.1\r\n\r\n"
+        assert conn._taken.is_set() and not conn._lazy
+    finally:
+        conn._watch.close()

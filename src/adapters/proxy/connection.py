@@ -13,7 +13,8 @@ connection ready, then moves upstream → client. Invariants:
 - `forward_first` runs in the accepting thread, right after `take`: what the client has sent by
   then goes up the ready connection at once (a non-blocking read and write of at most
   `FIRST_READ` bytes, never looked at), so a request that is already in is on its way before the
-  threads wake. What could not be written is sent by the first thread before anything else.
+  threads wake; `wake` looks once more if it found nothing. What could not be written is sent
+  by the first thread before anything else.
   When it moved everything the client had sent, neither thread is woken (`wake`): the first
   waits in an epoll for the client to send more or close, the second in its poll of the ready
   connection for the upstream's answer, so only the upstream runs between request and answer.
@@ -168,34 +169,47 @@ class Connection:
         upstream = self._take_ready()
         if client is None or upstream is None or buf is None:
             return
+        if not self._move_first(client, upstream, buf):  # the upstream dropped it after all:
+            with self._lock:  # the first thread connects anew, and sends what is pending
+                self._upstream = None
+                upstream.close()
+            return
+        self._linked = upstream
+        self._connected.set()
+
+    def _move_first(self, client: socket.socket, upstream: socket.socket, buf: bytearray) -> bool:
+        """What the client has sent so far, up `upstream`, without blocking; what could not be
+        written is pending. False if the write failed (all of it pending)."""
         try:
             got = client.recv_into(buf, FIRST_READ, socket.MSG_DONTWAIT)
         except OSError:  # nothing yet (the first thread waits for it), or a failure it will see
-            got = 0
+            return True
         if got:
             try:
                 sent = upstream.send(memoryview(buf)[:got], socket.MSG_DONTWAIT)
             except BlockingIOError:
                 sent = 0
-            except OSError:  # the upstream dropped it after all: the first thread connects anew
-                with self._lock:
-                    self._upstream = None
-                    upstream.close()
+            except OSError:
                 self._pending, self._moved = bytes(buf[:got]), True
-                return
+                return False
             self._pending, self._moved = bytes(buf[sent:got]), True
-        self._linked = upstream
-        self._connected.set()
+        return True
 
     def wake(self) -> None:
         """Let the threads of a taken connection run; never blocks. The accepting thread calls
-        it just before it blocks itself, so the GIL is free for them. A connection whose
-        request `forward_first` moved whole, so far, wakes neither thread: the first wakes when
+        it just before it blocks itself, so the GIL is free for them. A request that came since
+        `forward_first` found nothing goes up here, the same way. A connection whose request
+        was moved whole, so far, wakes neither thread: the first wakes when
         the client sends more (or closes), the second when the upstream answers, so nothing but
         the upstream runs between the request and its answer."""
         self.thread.name = self._name  # named as a client's now that its first bytes are on their way
         self._back.name = f"{self._name}-back"
-        client, watch = self._client, self._watch
+        client, watch, upstream, buf = self._client, self._watch, self._linked, self._first
+        if not self._moved and client is not None and upstream is not None and buf is not None:
+            # A second look: a request that came since `forward_first` goes up now, and no
+            # thread wakes for it. (A failed write leaves it pending on the dropped connection,
+            # as the first thread would have found it.)
+            self._move_first(client, upstream, buf)
         if watch is not None and client is not None and self._moved and not self._pending and self._linked is not None:
             self._lazy = True
             try:
