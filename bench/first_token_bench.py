@@ -488,7 +488,7 @@ def measure(
             ("stamped upstream connected", linked),
             ("stamped back ready", fwd_back),
         ):
-            if at:  # a step this connection did not take (a connect, with one made ahead)
+            if at > start:  # a step this request took (a connection made ahead was connected before it)
                 samples.add(name, start, at)
         if up and up[0] > start:  # accepted for this request, not ahead of it
             samples.add("stamped upstream accepted", start, up[0])
@@ -518,7 +518,7 @@ STAMPS = [  # the stamped proxy's times, in order, and what each is
     ("stamped accept", "accepted, handed to the spare"),
     ("stamped taken", "what the client sent moved up the connection made ahead"),
     ("stamped woken", "its threads woken"),
-    ("stamped thread", "its first thread running"),
+    ("stamped thread", "its first thread running (for a request moved whole: once the client closes)"),
     ("stamped upstream accepted", "the upstream accepted a connection made now (none ready)"),
     ("stamped upstream connected", "the first thread saw it connected"),
     ("stamped upstream request in", "the upstream has the whole request"),
