@@ -14,10 +14,10 @@ connection ready, then moves upstream → client. Invariants:
   then goes up the ready connection at once (a non-blocking read and write of at most
   `FIRST_READ` bytes, never looked at), so a request that is already in is on its way before the
   threads wake; `wake` looks once more if it found nothing. What could not be written is sent
-  by the first thread before anything else.
-  When it moved everything the client had sent, neither thread is woken (`wake`): the first
-  waits in an epoll for the client to send more or close, the second in its poll of the ready
-  connection for the upstream's answer, so only the upstream runs between request and answer.
+  by the first thread before anything else. When everything the client had sent was moved,
+  neither thread is woken (`wake`): the first waits in an epoll for the client to send more or
+  close, the second in its poll of the ready connection for the upstream's answer, so only the
+  upstream runs between request and answer.
 - Every connect is non-blocking with a poll that an abort ends (the socket is published, under
   the lock `abort` takes, before its connect starts), so a stop is never held up by an upstream
   that does not answer.
@@ -199,9 +199,9 @@ class Connection:
         """Let the threads of a taken connection run; never blocks. The accepting thread calls
         it just before it blocks itself, so the GIL is free for them. A request that came since
         `forward_first` found nothing goes up here, the same way. A connection whose request
-        was moved whole, so far, wakes neither thread: the first wakes when
-        the client sends more (or closes), the second when the upstream answers, so nothing but
-        the upstream runs between the request and its answer."""
+        was moved whole, so far, wakes neither thread: the first wakes when the client sends
+        more (or closes), the second when the upstream answers, so nothing but the upstream
+        runs between the request and its answer."""
         self.thread.name = self._name  # named as a client's now that its first bytes are on their way
         self._back.name = f"{self._name}-back"
         client, watch, upstream, buf = self._client, self._watch, self._linked, self._first
