@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from adapters.fake_server.script import End, RecordedRequest, RouteItem, Routes, RouteSpec, Script
 from adapters.fake_server.wire import RequestReader, on_wire
-from adapters.uds_http.exchange import AsyncHttpExchange, HttpExchange, Request, render, send, send_async
+from adapters.uds_http.exchange import AsyncHttpExchange, HttpExchange, Request, render_for, send, send_async
 from domain.errors import ConnectError
 from ports.slot_probe import SlotState
 from ports.transport import TIMED_OUT, CancelSignal, Link, TimedOut
@@ -201,19 +201,11 @@ class ScriptedTransport:
         """The request checked as the real transport checks it, and the stream that plays it
         (`link`, when `connect` made it)."""
         header_bytes = sys.maxsize if self.header_bytes is None else self.header_bytes
-        try:
-            request = render(method, path, body, header_bytes, headers)
-        except BaseException:
-            if link is not None:
-                link.close()
-            raise
-        if link is None:
+        request, stream = render_for(link, ScriptedStream, self, method, path, body, header_bytes, headers)
+        if stream is None:
             self._refuse()
-            return request, ScriptedStream(self.clock, self.routes, self.requests)
-        if not isinstance(link, ScriptedStream):
-            link.close()
-            raise TypeError(f"{type(self).__name__} sends on its own connections, not on a {type(link).__name__}")
-        return request, link
+            stream = ScriptedStream(self.clock, self.routes, self.requests)
+        return request, stream
 
     def _refuse(self) -> None:
         if self.refusing:

@@ -7,7 +7,7 @@
 from adapters.uds_http._async.exchange import AsyncHttpExchange
 from adapters.uds_http._async.exchange import send as send_async
 from adapters.uds_http._sync.exchange import RECV_BYTES, HttpExchange, send
-from adapters.uds_http.response import Request, reason, render, write_failed, write_stalled
+from adapters.uds_http.response import Request, reason, render, render_for, write_failed, write_stalled
 
 __all__ = [
     "RECV_BYTES",
@@ -16,6 +16,7 @@ __all__ = [
     "Request",
     "reason",
     "render",
+    "render_for",
     "send",
     "send_async",
     "write_failed",

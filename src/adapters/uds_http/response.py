@@ -38,12 +38,15 @@ from __future__ import annotations
 import errno
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 import h11
 
 from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
 from domain.errors import ProtocolError, Stalled, StreamClosedEarly
-from ports.transport import ResponseHead
+from ports.transport import Link, ResponseHead
+
+L = TypeVar("L")
 
 _NEED_DATA = h11.NEED_DATA
 # h11's own grammar (`h11._abnf`): a method and a header name are tokens, a target is visible
@@ -105,6 +108,31 @@ def render(
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
     data = _send_with_h11(conn, method, path, fields, body)
     return Request(method, path, data, header_bytes, fields, body, conn)
+
+
+def render_for(
+    link: Link | None,
+    kind: type[L],
+    owner: object,
+    method: str,
+    path: str,
+    body: bytes | None,
+    header_bytes: int,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> tuple[Request, L | None]:
+    """What a transport's `open` sends, and where: the request rendered, and `link` (a
+    connection its `connect` made, of its own `kind`), or None to connect now. `link` is closed
+    on either failure: a malformed request (`ValueError`), or a connection of another kind,
+    which `owner` cannot send on (`TypeError`)."""
+    try:
+        request = render(method, path, body, header_bytes, extra)
+        if link is not None and not isinstance(link, kind):
+            raise TypeError(f"{type(owner).__name__} sends on its own connections, not on a {type(link).__name__}")
+    except BaseException:
+        if link is not None:
+            link.close()
+        raise
+    return request, link if isinstance(link, kind) else None
 
 
 def _plain(method: str, path: str, extra: tuple[tuple[str, str], ...]) -> bool:

@@ -19,7 +19,7 @@ import socket
 import time
 
 from adapters.uds_http._async.exchange import AsyncHttpExchange, send
-from adapters.uds_http.response import render
+from adapters.uds_http.response import render, render_for
 from adapters.uds_http.sockets import AsyncSocketStream
 from ports.transport import CancelSignal, Link
 
@@ -60,19 +60,10 @@ class AsyncUdsTransport:
         Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
-        try:
-            request = render(method, path, body, self._header_bytes, headers)  # fails before connecting
-        except BaseException:
-            if link is not None:
-                link.close()
-            raise
-        if link is None:
+        # Rendered before connecting, so a malformed request fails first.
+        request, stream = render_for(link, AsyncSocketStream, self, method, path, body, self._header_bytes, headers)
+        if stream is None:
             stream = await AsyncSocketStream.connect(self.socket_path, timeout)
-        elif isinstance(link, AsyncSocketStream):
-            stream = link
-        else:
-            link.close()
-            raise TypeError(f"{type(self).__name__} sends on its own connections, not on a {type(link).__name__}")
         return await send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 
 
