@@ -109,9 +109,10 @@ class SseDecoder:
         self._failure: InferError | None = None
         self._failure_raised = False
         self.partial_event = False
-        # True when nothing is pending (no partial line or event, no CR, started, not finished
-        # or failed): the fast path in `feed` may then take a whole event at once.
-        self._clean = False
+        # True when nothing is pending (no partial line or event, no CR, not finished or
+        # failed): the fast path in `feed` may then take a whole event at once. So it is from
+        # the first feed on: an event that starts with `data: ` starts with no byte-order mark.
+        self._clean = True
 
     @property
     def done(self) -> bool:
@@ -120,25 +121,25 @@ class SseDecoder:
 
     def feed(self, data: bytes) -> list[SseEvent]:
         if self._clean:
-            # Fast path: exactly one whole `data: ...` event, which is how llama-server writes
-            # each chunk. Anything else (or invalid UTF-8) takes the general path below.
+            # Fast path: whole one-line `data: ...` events, as llama-server writes its chunks (the
+            # first holds two). Anything else (or invalid UTF-8) takes the general path below.
             n = len(data)
-            if (
-                data.find(b"\n") == n - 2
-                and data[n - 1 :] == b"\n"
-                and data[:6] == b"data: "
-                and n - 2 <= self._max_line
-                and b"\r" not in data
-            ):
-                value = data[6:-2]
-                if value == _DONE:
-                    self._done = True
-                    self._clean = False
-                    return [SSE_DONE]
-                try:
-                    return [SseData(value.decode("utf-8"))]
-                except UnicodeDecodeError:
-                    pass
+            if data[:6] == b"data: " and data[n - 2 :] == b"\n\n" and b"\r" not in data:
+                if data.find(b"\n") != n - 2:
+                    events = self._whole_events(data)
+                    if events is not None:
+                        return events
+                elif n - 2 <= self._max_line:
+                    self._started = True  # a byte-order mark from now on is not the stream's first
+                    value = data[6:-2]
+                    if value == _DONE:
+                        self._done = True
+                        self._clean = False
+                        return [SSE_DONE]
+                    try:
+                        return [SseData(value.decode("utf-8"))]
+                    except UnicodeDecodeError:
+                        pass
         if self._failure is not None:
             self._raise_failure()
         if self._ended:
@@ -186,6 +187,27 @@ class SseDecoder:
             self._failure_raised = True
             raise
         self._clean = not (tail or self._data_lines or self._cr_pending or self._done)
+        return out
+
+    def _whole_events(self, data: bytes) -> list[SseEvent] | None:
+        """`data` (no CR; `data: ` first, a blank line last) as whole one-line `data: ` events;
+        None, nothing changed, for anything else or invalid UTF-8 before a `[DONE]`."""
+        out: list[SseEvent] = []
+        max_line = self._max_line
+        for line in data[:-2].split(b"\n\n"):
+            if line[:6] != b"data: " or b"\n" in line or len(line) > max_line:
+                return None
+            value = line[6:]
+            if value == _DONE:  # the end: what follows it is ignored, unread
+                self._done = True
+                self._clean = False
+                out.append(SSE_DONE)
+                break
+            try:
+                out.append(SseData(value.decode("utf-8")))
+            except UnicodeDecodeError:
+                return None
+        self._started = True
         return out
 
     def _line_goes_on(self, data: bytes) -> None:

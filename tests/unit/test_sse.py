@@ -90,6 +90,14 @@ CASES: dict[str, tuple[bytes, Outcome]] = {
         b"data: [DONE]\n\nerror: {}\n\n",
         Outcome((DONE,)),
     ),
+    # One feed of whole one-line events (the role's and the first content's chunk) and its edges.
+    "two whole events in one feed": (b"data: a\n\ndata: b\n\n", Outcome((D("a"), D("b")))),
+    "whole events then [DONE] then more": (b"data: a\n\ndata: [DONE]\n\ndata: b\n\n", Outcome((D("a"), DONE))),
+    "a whole event then one not UTF-8": (b"data: a\n\ndata: \xff\n\n", Outcome((D("a"),), ProtocolError)),
+    "a whole event then a comment": (b"data: a\n\n: x\n\n", Outcome((D("a"), SseComment(" x")))),
+    "a whole event then one without the space": (b"data: a\n\ndata:b\n\n", Outcome((D("a"), D("b")))),
+    "whole events then one blank line more": (b"data: a\n\ndata: b\n\n\n", Outcome((D("a"), D("b")))),
+    "a whole event then an empty one": (b"data: a\n\ndata: \n\n", Outcome((D("a"), D("")))),
     "an event without its blank line is not dispatched": (b"data: a\n\ndata: b\n", Outcome((D("a"),), partial=True)),
     "an unterminated last line is not dispatched": (b"data: a\n\ndata: b", Outcome((D("a"),), partial=True)),
     "a clean end has no partial event": (b"data: a\n\n", Outcome((D("a"),), partial=False)),
@@ -453,6 +461,31 @@ def test_text_that_is_not_utf8_is_quoted_with_8_bytes_either_side(line: bytes, w
         SseDecoder().feed(line + raw + b"\n\n")
     around = b"a" * 8 + b"\xff" + b"b" * 8
     assert str(caught.value) == f"SSE {what} is not valid UTF-8 at byte 20: {around!r}"
+
+
+def general_path(*_: object) -> None:
+    raise AssertionError("the general path ran")
+
+
+def test_the_first_whole_event_of_a_stream_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first content of a turn is often the first event: it must not pay for the general path.
+    monkeypatch.setattr(SseDecoder, "_lines", general_path)
+    decoder = SseDecoder()
+    assert decoder.feed(b'data: {"a":1}\n\n') == [SseData('{"a":1}')]
+    assert decoder.feed(b"data: [DONE]\n\n") == [SSE_DONE]
+
+
+def test_two_whole_events_in_one_feed_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama-server's first chunk holds the role's event and the first content's: the first token.
+    monkeypatch.setattr(SseDecoder, "_lines", general_path)
+    decoder = SseDecoder()
+    assert decoder.feed(b"data: {}\n\ndata: [1]\n\n") == [SseData("{}"), SseData("[1]")]
+    assert decoder.feed(b"data: 2\n\ndata: [DONE]\n\ndata: 3\n\n") == [SseData("2"), SSE_DONE]
+
+
+def test_a_second_whole_event_over_the_line_limit_is_refused_after_the_first() -> None:
+    line = b"data: " + b"x" * 11
+    assert every_split(b"data: a\n\n" + line + b"\n\n", max_line=len(line) - 1) == Outcome((D("a"),), ProtocolError)
 
 
 def clean_decoder(max_line: int = 1 << 20) -> SseDecoder:
