@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol, runtime_checkable
 
 
@@ -76,13 +76,18 @@ class ResponseHead:
 
     status: int
     headers: tuple[tuple[str, str], ...] = ()
+    # Each name's first value, for `header`: looked up once per framing or type question.
+    _first: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        first: dict[str, str] = {}
+        for key, value in self.headers:
+            first.setdefault(key, value)
+        object.__setattr__(self, "_first", first)
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        for key, value in self.headers:
-            if key == name:
-                return value
-        return None
+        """The first value of the header `name` (any case), or None."""
+        return self._first.get(name.lower())
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import adapters.uds_http.response as response_module
 from adapters.uds_http.response import ResponseParser, render
 from domain.errors import ProtocolError, StreamClosedEarly
 from ports.transport import ResponseHead
@@ -101,3 +102,38 @@ def test_a_failure_names_where_in_the_response_it_happened() -> None:
         "POST /v1/chat/completions: connection failed after chunk 1 (15 body bytes), before the terminating"
         " zero-size chunk (ECONNRESET: Connection reset by peer)"
     )
+
+
+# -- a head alike to the last one ------------------------------------------------------------
+
+
+def test_a_head_alike_to_the_last_one_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama-server sends every answer's head byte for byte alike: the first token skips reading it.
+    read: list[bytes] = []
+    real = response_module._read_plain
+    monkeypatch.setattr(response_module, "_last_plain", None)
+    monkeypatch.setattr(response_module, "_read_plain", lambda block: read.append(block) or real(block))
+
+    first = parse([CHUNKED])
+    assert parse([CHUNKED[:40], CHUNKED[40:]]) == first
+    assert len(read) == 1
+    other = CHUNKED.replace(b"text/event-stream", b"text/event-strean")
+    head, body = parse([other])
+    assert len(read) == 2  # one byte apart: read anew
+    assert (head.header("content-type"), body) == ("text/event-strean", first[1])
+
+
+def test_a_head_alike_to_the_last_one_is_still_held_to_the_cap() -> None:
+    assert parse([CHUNKED])[0].status == 200
+    parser = ResponseParser(render("GET", "/x", None, 64))
+    parser.receive_data(CHUNKED)
+    with pytest.raises(ProtocolError, match="64-byte limit"):
+        parser.next_head()
+
+
+def test_a_header_is_looked_up_by_any_case_and_its_first_value_wins() -> None:
+    head = ResponseHead(200, (("x-a", "1"), ("content-type", "text/plain"), ("x-a", "2")))
+    assert (head.header("X-A"), head.header("Content-Type"), head.header("x-b")) == ("1", "text/plain", None)
+    assert head == ResponseHead(200, head.headers)
+    assert hash(head) == hash(ResponseHead(200, head.headers))
+    assert repr(head) == f"ResponseHead(status=200, headers={head.headers!r})"

@@ -62,6 +62,10 @@ _PLAIN_HEAD = re.compile(
 _CONTENT_LENGTH_DIGITS = 20  # h11's cap on a Content-Length
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # where h11 ends a head
 _H11 = object()  # `_plain_head`: the head is h11's to read
+# The last head read without h11: its bytes up to the blank line, and the head. llama-server
+# sends every answer's head byte for byte alike, so a head equal to the last is not read again
+# (the head is immutable; one tuple, replaced whole, so threads at most read a head anew).
+_last_plain: tuple[bytes, ResponseHead] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,35 +265,25 @@ class ResponseParser:
                 return _H11
             self._searched = max(0, len(buf) - 2)
             return None
-        # Where h11 ends the head too: the first blank line, here the CRLF kind only. One match
-        # holds the whole head to h11's grammar (a final status, HTTP/1.0 or 1.1, CRLF lines).
+        # Where h11 ends the head too: the first blank line, here the CRLF kind only.
         end = blank.end()
+        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n":
+            return _H11
         block = bytes(buf[: end - 4])
-        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n" or _PLAIN_HEAD.fullmatch(block) is None:
-            return _H11
-        lines = block.split(b"\r\n")
-        headers: list[tuple[str, str]] = []
-        framing = 0
-        for line in lines[1:]:
-            raw_name, _, raw_value = line.partition(b":")
-            name = raw_name.lower()
-            value = raw_value.strip(b" \t")
-            if name == b"content-length":
-                framing += 1
-                if not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
-                    return _H11
-            elif name == b"transfer-encoding":
-                framing += 1
-                value = value.lower()
-                if value != b"chunked":
-                    return _H11
-            headers.append((name.decode("ascii"), value.decode("latin-1")))
-        if framing > 1:
-            return _H11
+        global _last_plain
+        last = _last_plain
+        if last is not None and last[0] == block:
+            head = last[1]  # the very bytes of the last head read: the same head
+        else:
+            read = _read_plain(block)
+            if read is None:
+                return _H11
+            head = read
+            _last_plain = (block, head)
         self._request = None
         unread = bytes(buf[end:])
         self._buffer = bytearray()
-        return self._head_of(block[5:8], int(block[9:12]), tuple(headers), unread, end)
+        return self._head_of(block[5:8], head, unread, end)
 
     # -- the wording of failures ------------------------------------------------------------------
 
@@ -321,22 +315,21 @@ class ResponseParser:
         self._conn = None  # h11 is done either way: the body is read by a body reader
         unread, closed = conn.trailing_data
         headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
-        head = self._head_of(event.http_version, event.status_code, headers, unread, self._fed - len(unread))
+        head = self._head_of(
+            event.http_version, ResponseHead(event.status_code, headers), unread, self._fed - len(unread)
+        )
         if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
             assert self.body is not None
             self.body.eof()
         return head
 
-    def _head_of(
-        self, version: bytes, status: int, headers: tuple[tuple[str, str], ...], unread: bytes, size: int
-    ) -> ResponseHead:
+    def _head_of(self, version: bytes, head: ResponseHead, unread: bytes, size: int) -> ResponseHead:
         if size > self._header_bytes:
             raise ProtocolError(
                 f"{self.what}: response head of {size} bytes is over the {self._header_bytes}-byte limit"
             )
         if version not in (b"1.1", b"1.0"):
             raise ProtocolError(f"{self.what}: unsupported HTTP version {version.decode()!r}")
-        head = ResponseHead(status=status, headers=headers)
         self.body = self._body_reader(head, unread)
         self.head = head
         return head
@@ -367,6 +360,33 @@ class ResponseParser:
         if str(exc) == "Receive buffer too long":
             return ProtocolError(f"{self.what}: response head over the {self._header_bytes}-byte limit")
         return ProtocolError(f"{self.what}: malformed response head: {exc}")
+
+
+def _read_plain(block: bytes) -> ResponseHead | None:
+    """The head whose bytes up to its blank line are `block`, when h11 would read it so (see
+    the module); None when it is h11's to read."""
+    # One match holds the whole head to h11's grammar (a final status, HTTP/1.0 or 1.1, CRLF lines).
+    if _PLAIN_HEAD.fullmatch(block) is None:
+        return None
+    headers: list[tuple[str, str]] = []
+    framing = 0
+    for line in block.split(b"\r\n")[1:]:
+        raw_name, _, raw_value = line.partition(b":")
+        name = raw_name.lower()
+        value = raw_value.strip(b" \t")
+        if name == b"content-length":
+            framing += 1
+            if not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
+                return None
+        elif name == b"transfer-encoding":
+            framing += 1
+            value = value.lower()
+            if value != b"chunked":
+                return None
+        headers.append((name.decode("ascii"), value.decode("latin-1")))
+    if framing > 1:
+        return None
+    return ResponseHead(int(block[9:12]), tuple(headers))
 
 
 _DOWN = "the server behind the socket is down or restarting (a proxy closes what it cannot forward)"
