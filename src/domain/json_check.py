@@ -20,7 +20,6 @@ tuples as lists) or raises a `RequestError` naming the path of the first part th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import reprlib
@@ -101,8 +100,10 @@ class _Walk:
 def encode_json(body: dict[str, Any], what: str) -> bytes:
     """`body` (its numbers all checked finite) as compact UTF-8 JSON, by orjson (µs before the
     first byte); where orjson refuses, the stdlib's encoder renders it or names the fault."""
-    with contextlib.suppress(orjson.JSONEncodeError):
+    try:
         return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        pass
     try:
         text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return text.encode("utf-8")

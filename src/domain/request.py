@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from domain.errors import RequestError
@@ -91,6 +91,12 @@ class RequestSettings:
     # Sent as `thinking_budget_tokens` with every thinking request: the server ends the thinking
     # block at exactly this many tokens. None sends nothing (the client's reasoning_end call alone).
     thinking_budget: int | None = None
+    # The sampling fields set, in their fixed order: what a request without `sampling` sends.
+    sampled: tuple[tuple[str, float | int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sampled = tuple((name, value) for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None)
+        object.__setattr__(self, "sampled", sampled)
 
 
 def _text(value: object, where: str, *, optional: bool = False) -> str | None:
@@ -99,6 +105,10 @@ def _text(value: object, where: str, *, optional: bool = False) -> str | None:
     if not isinstance(value, str):
         raise RequestError(f"{where} must be a string, not {type(value).__name__}")
     return value
+
+
+def _content(value: object, index: int) -> str:  # `_text`, the where said only when it is wrong
+    return value if type(value) is str else _text(value, f"messages[{index}].content")  # type: ignore[return-value]
 
 
 def _tool_call(call: object, where: str) -> dict[str, Any]:
@@ -116,11 +126,11 @@ def _tool_call(call: object, where: str) -> dict[str, Any]:
 
 
 def _message(message: object, index: int) -> dict[str, Any]:
-    where = f"messages[{index}]"
     if isinstance(message, SystemMessage):
-        return {"role": "system", "content": _text(message.content, f"{where}.content")}
+        return {"role": "system", "content": _content(message.content, index)}
     if isinstance(message, UserMessage):
-        return {"role": "user", "content": _text(message.content, f"{where}.content")}
+        return {"role": "user", "content": _content(message.content, index)}
+    where = f"messages[{index}]"
     if isinstance(message, AssistantMessage):
         out: dict[str, Any] = {
             "role": "assistant",
@@ -203,11 +213,13 @@ def _sampling_override(name: str, value: object) -> float | int:
 
 def _sampling(override: object, settings: RequestSettings) -> dict[str, Any]:
     """The sampling fields in their fixed order: the request's value, else the config's."""
-    if override is not None and not isinstance(override, Sampling):
+    if override is None:
+        return dict(settings.sampled)
+    if not isinstance(override, Sampling):
         raise RequestError(f"sampling must be a Sampling, not {type(override).__name__}")
     out: dict[str, Any] = {}
     for name in SAMPLING_FIELDS:
-        mine = None if override is None else getattr(override, name)
+        mine = getattr(override, name)
         value = getattr(settings, name) if mine is None else _sampling_override(name, mine)
         if value is not None:
             out[name] = value
