@@ -16,6 +16,7 @@ import time
 import pytest
 
 from adapters.uds_http.sockets import AsyncSocketStream
+from ports.transport import TIMED_OUT
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -123,6 +124,71 @@ def test_a_wait_after_a_wait_is_woken_by_the_next_bytes() -> None:
             peer.close()
 
     assert asyncio.run(scene()) == [b"x", b"y", b"z"]
+
+
+# -- the read's timer: kept between waits, due by the waiting read's deadline ---------------------
+
+
+class CountingSocket:
+    """A socket whose receives are counted: each is one wake of a waiting read, or its first try."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.receives = 0
+
+    def recv(self, size: int) -> bytes:
+        self.receives += 1
+        return self.sock.recv(size)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_a_short_read_after_a_long_one_times_out_at_its_own_deadline() -> None:
+    # The long read's timer (5 s) is still set when the short one waits: it must not wait for it.
+    async def scene() -> tuple[bytes | object, bytes | object, float]:
+        ours, peer = socket.socketpair()
+        stream = AsyncSocketStream(ours)
+        loop = asyncio.get_running_loop()
+        try:
+            loop.call_later(0.01, peer.send, b"x")
+            first = await stream.recv(10, 5.0)
+            started = time.monotonic()
+            second = await stream.recv(10, 0.1)
+            return first, second, time.monotonic() - started
+        finally:
+            stream.close()
+            peer.close()
+
+    first, second, waited = asyncio.run(scene())
+    assert (first, second) == (b"x", TIMED_OUT)
+    assert 0.1 <= waited < 1.0
+
+
+def test_a_long_read_after_a_short_one_is_not_woken_by_the_short_ones_timer() -> None:
+    # The short read's timer (due at 50 ms) fires while the long one waits: it is set again,
+    # for the long read's deadline, and the read sleeps on, trying the socket only at its end.
+    async def scene() -> tuple[bytes | object, bytes | object, float, int]:
+        ours, peer = socket.socketpair()
+        counted = CountingSocket(ours)
+        stream = AsyncSocketStream(counted)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        try:
+            loop.call_later(0.01, peer.send, b"x")
+            first = await stream.recv(10, 0.05)
+            await asyncio.sleep(0)  # one turn: the readiness seen with the byte still unread passes
+            counted.receives = 0
+            started = time.monotonic()
+            second = await stream.recv(10, 0.15)
+            return first, second, time.monotonic() - started, counted.receives
+        finally:
+            stream.close()
+            peer.close()
+
+    first, second, waited, receives = asyncio.run(scene())
+    assert (first, second) == (b"x", TIMED_OUT)
+    assert 0.15 <= waited < 1.0
+    assert receives == 2  # the first try, and the one at the deadline
 
 
 # -- writes: what the socket's buffer takes at once needs no timer; the rest waits, within the

@@ -99,7 +99,7 @@ class AsyncSocketStream:
     """The `AsyncByteStream` port over a connected socket, which it owns and makes non-blocking.
     Made and used inside one running event loop."""
 
-    __slots__ = ("_fd", "_loop", "_sock", "_waiter", "_watching")
+    __slots__ = ("_deadline", "_fd", "_loop", "_sock", "_timer", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -107,7 +107,9 @@ class AsyncSocketStream:
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None  # the read waiting for readiness
+        self._deadline = 0.0  # that read's, on the loop's clock
         self._watching = False  # the loop has `_readable` as the socket's reader
+        self._timer: asyncio.TimerHandle | None = None  # due by the waiting read's deadline
 
     @classmethod
     async def connect(cls, path: str, timeout: float) -> AsyncSocketStream:
@@ -157,22 +159,27 @@ class AsyncSocketStream:
         # Wait for readiness, then read ourselves: a read the loop made for us (`sock_recv`) and
         # a timeout or cancel landing in the same turn would drop the bytes it had taken.
         # The reader stays on the loop after a wait (`_readable` takes it off when it fires with
-        # nobody waiting), so a read that got its bytes returns without a call to the selector.
+        # nobody waiting), so a read that got its bytes returns without a call to the selector;
+        # so does the timer, while it is due no later than the deadline (`_expire`): a wait
+        # sets one only when there is none that early, and none is cancelled when bytes come.
         loop = self._loop
         deadline = loop.time() + timeout
         while True:
-            left = deadline - loop.time()
-            if left <= 0.0:
+            if deadline <= loop.time():
                 return TIMED_OUT
             ready = self._waiter = loop.create_future()
+            self._deadline = deadline
             if not self._watching:
                 loop.add_reader(self._fd, self._readable)
                 self._watching = True
-            timer = loop.call_later(left, _settle, ready)
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._expire, deadline)
             try:
                 await ready
             finally:
-                timer.cancel()
                 self._waiter = None
             try:
                 return sock.recv(max_bytes)
@@ -190,6 +197,18 @@ class AsyncSocketStream:
             self._watching = False
             self._loop.remove_reader(self._fd)
 
+    def _expire(self, due: float) -> None:
+        """The timer, set for `due`: wakes the read waiting if its deadline has come by then;
+        one that waits longer gets the timer again, for its own deadline."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._deadline <= due:
+            waiter.set_result(None)
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._expire, self._deadline)
+
     async def pause(self) -> None:
         await asyncio.sleep(0)
 
@@ -201,16 +220,14 @@ class AsyncSocketStream:
         # Off the loop first: a read or write future the task left behind (cancelled) would
         # otherwise unregister the descriptor later, when its number may belong to a new socket.
         self._watching = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._fd)
             self._loop.remove_writer(self._fd)
         with contextlib.suppress(OSError):
             self._sock.close()
-
-
-def _settle(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)
 
 
 def unix_socket(path: str) -> socket.socket:
