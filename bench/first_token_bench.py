@@ -293,15 +293,16 @@ class Marks:
     """The times one call reached each step, noted by the stamped transports and `on_event`."""
 
     def __init__(self) -> None:
+        from domain.events import Content  # imported here, not in `on_event`: the call's own time
+
         self.written = self.head = self.first = 0
+        self._content = Content
 
     def reset(self) -> None:
         self.written = self.head = self.first = 0
 
     def on_event(self, event: object) -> None:
-        from domain.events import Content
-
-        if not self.first and isinstance(event, Content):
+        if not self.first and isinstance(event, self._content):
             self.first = ns()
 
 
