@@ -30,7 +30,8 @@ Invariants:
   and its framing headers are unambiguous (one `Content-Length` of digits, or one
   `Transfer-Encoding: chunked`): h11 would give that very head. Anything else, and every error,
   is h11's: the bytes so far are handed to an h11 connection (made only then), which reads them
-  as it would have from the start, every split giving the same result.
+  as it would have from the start, every split giving the same result. A head byte for byte
+  alike to the last one read so (llama-server's heads all are) is that same head, not read again.
 """
 
 from __future__ import annotations
