@@ -4,6 +4,9 @@ The seam under `Transport`: the real exchange (h11 for the head, the body reader
 framing) runs over a Unix socket in production and over a script replayed on a fake clock in
 unit tests, so both run the same parsing. The contract, which both streams meet:
 
+- `send_now(data)` sends what the connection takes at once, without waiting (not awaited in
+  either flavour): the count of bytes sent, 0 when it takes none now; `OSError` if the
+  connection broke. A request nearly always goes whole.
 - `send_all(data, timeout)` sends every byte of `data`. It raises `TimeoutError` if that takes
   longer than `timeout` seconds and another `OSError` if the connection broke.
 - `recv(max_bytes, timeout)` returns between 1 and `max_bytes` bytes as soon as any arrived,
@@ -31,6 +34,8 @@ from ports.transport import TimedOut
 
 @runtime_checkable
 class ByteStream(Protocol):
+    def send_now(self, data: bytes) -> int: ...
+
     def send_all(self, data: bytes, timeout: float) -> None: ...
 
     def recv(self, max_bytes: int, timeout: float) -> bytes | TimedOut: ...
@@ -47,6 +52,8 @@ class AsyncByteStream(Protocol):
     """`ByteStream` for asyncio: `send_all` and `recv` are awaited and meet the same contract;
     `shutdown()` and `close()` are not awaited and act at once (the peer sees the close).
     Cancelling the task blocked in `recv` or `send_all` ends the wait too."""
+
+    def send_now(self, data: bytes) -> int: ...
 
     async def send_all(self, data: bytes, timeout: float) -> None: ...
 

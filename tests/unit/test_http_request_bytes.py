@@ -108,3 +108,36 @@ def test_the_response_to_a_request_rendered_without_h11_is_parsed_by_h11() -> No
 
     assert head is not None and head.status == 200
     assert parser.body is not None and parser.body.pull() == b"{}"
+
+
+def test_what_passed_before_lets_nothing_else_through() -> None:
+    # The last target and the header names that passed are not checked again: anything that
+    # differs from them, or a value that does not pass, still is.
+    good = (("X-Conversation-Id", "ab"),)
+    assert render("POST", "/v1/chat/completions", b"{}", HEADER_BYTES, good).conn is None
+    for method, path, extra in [
+        ("POST", "/v1/chat/completions x", good),
+        ("PO ST", "/v1/chat/completions", good),
+        ("POST", "/v1/chat/completions", (("X-Conversation-Id", "a\r\nb"),)),
+        ("POST", "/v1/chat/completions", (("X-Conversation-Id", " ab"),)),
+        ("POST", "/v1/chat/completions", (("Host", "elsewhere"),)),
+    ]:
+        assert h11_refuses(method, path, extra)
+        with pytest.raises(ValueError):
+            render(method, path, b"{}", HEADER_BYTES, extra)
+    again = render("POST", "/v1/chat/completions", b"{}", HEADER_BYTES, good)
+    assert again.data == h11_bytes("POST", "/v1/chat/completions", b"{}", good)
+
+
+def test_the_headers_listed_are_every_header_sent_in_order() -> None:
+    request = render("POST", "/x", b"{}", HEADER_BYTES, (("X-A", "1"),))
+
+    assert request.headers == (
+        ("Host", "localhost"),
+        ("X-A", "1"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", "2"),
+        ("Connection", "close"),
+    )
+    assert request.what == "POST /x"
+    assert render("GET", "/y", None, HEADER_BYTES).headers == (("Host", "localhost"), ("Connection", "close"))

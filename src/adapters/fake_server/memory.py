@@ -98,6 +98,10 @@ class ScriptedStream:
         self._eof_at = math.inf  # until the request is whole, and for ever after `End.SILENCE`
         self._shut = False
 
+    def send_now(self, data: bytes) -> int:
+        self.send_all(data, 0.0)  # a script takes every byte at once
+        return len(data)
+
     def send_all(self, data: bytes, timeout: float) -> None:
         reader = self._reader
         if reader is None:
@@ -220,6 +224,9 @@ class AsyncScriptedStream:
 
     def __init__(self, stream: ScriptedStream) -> None:
         self._stream = stream
+
+    def send_now(self, data: bytes) -> int:
+        return self._stream.send_now(data)
 
     async def send_all(self, data: bytes, timeout: float) -> None:
         self._stream.send_all(data, timeout)

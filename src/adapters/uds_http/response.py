@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import re
-from dataclasses import dataclass
 from typing import TypeVar
 
 import h11
@@ -56,6 +55,10 @@ _TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
 _TARGET = re.compile(r"[\x21-\x7e]+")
 _VALUE = re.compile(r"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?", re.ASCII)
 _SPECIAL = frozenset({"host", "content-length", "transfer-encoding"})
+# What passed `_plain` before: the last method and target, and header names (a few at most).
+_last_target: tuple[str, str] | None = None
+_plain_names: set[str] = set()
+_PLAIN_NAMES = 32
 _PLAIN_HEAD = re.compile(
     rb"HTTP/1\.[01] [2-9][0-9]{2}(?: (?:[ \t]|[^\x00\s])*)?"  # h11's status line, a final status
     rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[ \t]*(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?[ \t]*)*"  # its header lines
@@ -69,22 +72,41 @@ _H11 = object()  # `_plain_head`: the head is h11's to read
 _last_plain: tuple[bytes, ResponseHead] | None = None
 
 
-@dataclass(frozen=True, slots=True)
 class Request:
     """A request rendered, ready to send; `connection()` then gives the h11 connection that
-    parses its response's head."""
+    parses its response's head. `extra` is the headers given besides the request's own, which
+    `headers` lists whole."""
 
-    method: str
-    path: str
-    data: bytes
-    header_bytes: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes | None
-    conn: h11.Connection | None = None  # h11's, when it rendered the request itself
+    __slots__ = ("body", "conn", "data", "extra", "header_bytes", "method", "path", "what")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        data: bytes,
+        header_bytes: int,
+        extra: tuple[tuple[str, str], ...],
+        body: bytes | None,
+        conn: h11.Connection | None = None,  # h11's, when it rendered the request itself
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.data = data
+        self.header_bytes = header_bytes
+        self.extra = extra
+        self.body = body
+        self.conn = conn
+        self.what = method + " " + path
 
     @property
-    def what(self) -> str:
-        return f"{self.method} {self.path}"
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """Every header sent, in order: `Host`, the extra ones, a body's type and length, `Connection`."""
+        headers = [("Host", "localhost"), *self.extra]
+        if self.body is not None:
+            headers.append(("Content-Type", "application/json"))
+            headers.append(("Content-Length", str(len(self.body))))
+        headers.append(("Connection", "close"))
+        return tuple(headers)
 
     def connection(self) -> h11.Connection:
         """An h11 client connection that has sent this request, ready to read the response."""
@@ -100,19 +122,19 @@ def render(
 ) -> Request:
     """The request's bytes (`Host`, the `extra` headers, a JSON body's type and length,
     `Connection: close`). A malformed method, path or header is the caller's bug: `ValueError`."""
-    headers = [("Host", "localhost"), *extra]
-    if body is not None:
-        headers.append(("Content-Type", "application/json"))
-        headers.append(("Content-Length", str(len(body))))
-    headers.append(("Connection", "close"))
-    fields = tuple(headers)
-    if _plain(method, path, extra):
-        lines = [f"{method} {path} HTTP/1.1\r\n", *(f"{name}: {value}\r\n" for name, value in fields), "\r\n"]
-        head = "".join(lines).encode("ascii")
-        return Request(method, path, head + body if body else head, header_bytes, fields, body)
-    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
-    data = _send_with_h11(conn, method, path, fields, body)
-    return Request(method, path, data, header_bytes, fields, body, conn)
+    if not _plain(method, path, extra):
+        request = Request(method, path, b"", header_bytes, extra, body)
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
+        request.data = _send_with_h11(conn, method, path, request.headers, body)
+        request.conn = conn
+        return request
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
+    for name, value in extra:
+        head += f"{name}: {value}\r\n"
+    if body is None:
+        return Request(method, path, (head + "Connection: close\r\n\r\n").encode("ascii"), header_bytes, extra, body)
+    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return Request(method, path, head.encode("ascii") + body, header_bytes, extra, body)
 
 
 def render_for(
@@ -141,14 +163,22 @@ def render_for(
 
 
 def _plain(method: str, path: str, extra: tuple[tuple[str, str], ...]) -> bool:
-    """Whether h11 would send these as they are, with nothing to refuse or rewrite."""
-    if not (method.isascii() and path.isascii() and _TOKEN.fullmatch(method) and _TARGET.fullmatch(path)):
-        return False
+    """Whether h11 would send these as they are, with nothing to refuse or rewrite. A method
+    and target alike to the last ones that passed, and a header name that passed before, are
+    not checked again (a chat's are always the same)."""
+    global _last_target
+    if (method, path) != _last_target:
+        if not (method.isascii() and path.isascii() and _TOKEN.fullmatch(method) and _TARGET.fullmatch(path)):
+            return False
+        _last_target = (method, path)
     for name, value in extra:
-        if not (isinstance(name, str) and isinstance(value, str) and name.isascii() and value.isascii()):
+        if not (isinstance(name, str) and isinstance(value, str) and value.isascii() and _VALUE.fullmatch(value)):
             return False
-        if not (_TOKEN.fullmatch(name) and _VALUE.fullmatch(value)) or name.lower() in _SPECIAL:
-            return False
+        if name not in _plain_names:
+            if not (name.isascii() and _TOKEN.fullmatch(name)) or name.lower() in _SPECIAL:
+                return False
+            if len(_plain_names) < _PLAIN_NAMES:
+                _plain_names.add(name)
     return True
 
 

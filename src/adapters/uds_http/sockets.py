@@ -11,8 +11,8 @@ naming the socket path and what is wrong with it.
 Invariants:
 - The blocking socket's timeout is set only when a call's timeout differs from the last one, so a
   stream read with one timeout throughout costs one `recv` per call and nothing more.
-- A write that the socket's buffer takes whole is one `send`, with no timer (a request, nearly
-  always); only the rest waits on the loop, within the timeout.
+- `send_now` is one non-blocking `send`. A write that the socket's buffer takes whole is one
+  `send`, with no timer (a request, nearly always); only the rest waits, within the timeout.
 - A non-blocking read that finds bytes waiting still lets the loop run once, so a fast sender
   never keeps one task running for more than one read's worth of parsing.
 - A read that times out or is cancelled has taken no byte: it waits for the socket to be
@@ -62,6 +62,14 @@ class SocketStream:
         stream = cls(sock)
         stream._timeout = limit  # as set for the connect: a write with the same limit sets nothing
         return stream
+
+    def send_now(self, data: bytes) -> int:
+        try:
+            if self._timeout:  # a positive timeout: the descriptor is non-blocking, and `send` polls first
+                return os.write(self._sock.fileno(), data)
+            return self._sock.send(data, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return 0
 
     def send_all(self, data: bytes, timeout: float) -> None:
         timeout = max(timeout, 0.0)
@@ -137,11 +145,14 @@ class AsyncSocketStream:
                 raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
             return cls(sock)
 
-    async def send_all(self, data: bytes, timeout: float) -> None:
+    def send_now(self, data: bytes) -> int:
         try:
-            sent = self._sock.send(data)  # a request the socket's buffer takes whole: no timer
+            return self._sock.send(data)
         except (BlockingIOError, InterruptedError):
-            sent = 0
+            return 0
+
+    async def send_all(self, data: bytes, timeout: float) -> None:
+        sent = self.send_now(data)  # what the socket's buffer takes whole: no timer
         if sent == len(data):
             return
         async with asyncio.timeout(max(timeout, 0.0)):

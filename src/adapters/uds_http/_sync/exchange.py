@@ -17,7 +17,8 @@ Invariants:
   (or `Stalled` for a write timeout), saying where in the response they happened.
 - A call's cancellation is tied to the exchange before the first byte of the request is written
   (`send(..., cancel=)`), so a cancel while a large request is written, or while the server reads
-  it slowly, shuts the connection down at once.
+  it slowly, shuts the connection down at once. The first write never waits (`send_now`: the
+  socket's buffer nearly always takes a request whole); only what it left waits, within the timeout.
 - One wait loop per purpose: the head's in `head`, the body's in `read`. `read` hands out each
   chunk as soon as it is buffered, as one `bytes`; the hot path is one `pull` on the body reader
   and, when it runs dry, one 64 KiB recv.
@@ -61,8 +62,11 @@ def send(
     exchange = HttpExchange(stream, request, now)
     if cancel is not None:
         exchange.watch(cancel)
+    data = request.data
     try:
-        stream.send_all(request.data, max(timeout, 0.0))
+        sent = stream.send_now(data)  # nearly always the whole request: one write, no wait
+        if sent < len(data):
+            stream.send_all(data[sent:] if sent else data, max(timeout, 0.0))
     except TimeoutError as exc:
         exchange.close()
         raise write_stalled(request, peer, timeout) from exc
