@@ -23,12 +23,16 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from typing import Any, ParamSpec, TypeVar
 
 from domain.cancel import CancelToken, cancel_all
 from domain.errors import ClientClosed, InferError
 
-__all__ = ["CLOSE_WAIT_S", "AsyncCalls", "Calls", "TaskLink"]
+__all__ = ["CLOSE_WAIT_S", "AsyncCalls", "AsyncUncut", "Calls", "TaskLink", "Uncut"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 # Silent unless the daemon configures logging: the library's loggers never print by themselves.
 logging.getLogger("inferpath").addHandler(logging.NullHandler())
@@ -160,6 +164,37 @@ class AsyncCalls(_Registry):
         for loop, idle in waiters:
             with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
                 loop.call_soon_threadsafe(idle.set)
+
+
+class Uncut:
+    """A bounded step that a cancel must not cut short (the stop of a generation): in the
+    blocking flavour a cancel wakes only the I/O it is handed, so the step has already run."""
+
+    @staticmethod
+    def run(step: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return step(*args, **kwargs)
+
+
+class AsyncUncut:
+    """`Uncut` on asyncio: the step runs to its end even if the task is cancelled meanwhile
+    (by a `TaskLink`, a timeout, `task.cancel()`), and that cancellation is raised after it, as
+    the blocking flavour would end. The step must end by itself within a bound."""
+
+    @staticmethod
+    async def run(step: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        task = asyncio.ensure_future(step(*args, **kwargs))
+        cancelled: asyncio.CancelledError | None = None
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError as exc:
+                if task.cancelled():  # the step itself was cancelled (the loop is ending)
+                    raise
+                cancelled = exc
+        result = task.result()
+        if cancelled is not None:
+            raise cancelled
+        return result
 
 
 class TaskLink:

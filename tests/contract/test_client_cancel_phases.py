@@ -490,6 +490,32 @@ def test_a_caller_queued_at_the_slot_gate_waits_at_most_busy_wait_ms(server: Fak
     holder.join()
 
 
+def test_a_cancel_while_a_failed_call_stops_its_generation_still_gives_the_slot_back(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    # The call stalls after its head, and its stop (the DELETE) goes unanswered: the caller's
+    # cancel lands while the stop waits. The stop runs to its bound in both flavours, the call
+    # raises the cancel, and the slot is free for the next call.
+    stalled = sse_reply([chunk({"content": "x"})], done=False, end=End.SILENCE)
+    server.route(*CHAT, stalled, sse_reply(ANSWER))
+    stopping = heard(server, "DELETE", "/v1/stream")
+    client = client_kind.client_for(server)
+    token = CancelToken()
+    call = Outcome(lambda: client.chat(REQ, ignore, cancel=token))
+    assert stopping.wait(3.0)
+
+    token.cancel()
+    call.join()
+
+    assert type(call.error) is Cancelled, call.error
+    (stop,) = recorded(server, ("DELETE", "/v1/stream"))
+    assert stop.client_closed.wait(1.0) and stop.closed_at is not None
+    assert stop.closed_at - stop.time >= 0.08, "the stop waited out its bound (0.1 s here), not cut by the cancel"
+    assert client._gate.waiting(0) == 0
+    assert client.chat(REQ, ignore) == ANSWER_COMPLETION
+    client.close()
+
+
 # -- 6. the caller's on_event ---------------------------------------------------------------------
 
 

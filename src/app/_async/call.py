@@ -38,6 +38,7 @@ from app._async.flight import Flight, Refused
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
 from app.call_log import retrying
+from app.calls import AsyncUncut
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
@@ -180,9 +181,11 @@ class AsyncLlamaCalls:
                     yield retrying
         finally:
             flight.close()
-            if flight.generating is not None:
-                await self._stop(flight.generating)
-            self._queue.leave(ticket)
+            try:  # the slot is given back however the stop ends; a cancel does not cut the stop
+                if flight.generating is not None:
+                    await AsyncUncut.run(self._stop, flight.generating)
+            finally:
+                self._queue.leave(ticket)
 
     async def _take_off(
         self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
@@ -301,8 +304,7 @@ class AsyncLlamaCalls:
             log.debug("stopping the generation: %s", loggable(exc))
 
     async def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> AsyncGenerator[Queued, None]:
-        """Wait at the gate until the ticket holds its slot, emitting `Queued` each time it moves
-        up; `WaitTimeout` past `busy_wait_ms`."""
+        """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
         queue = self._queue
         deadline = queue.deadline(self._limits.gate_wait_s)
         ahead = ticket.ahead
@@ -315,8 +317,7 @@ class AsyncLlamaCalls:
             ahead = moved
 
     async def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
-        """Ask the server to end the thinking block on a second connection: None when it answers
-        `{"success": true}`, else what went wrong."""
+        """End the thinking block on a second connection: None on `{"success": true}`, else why not."""
         try:
             body = build_control_body(completion_id, self._settings.model)
             answer = await fetch(

@@ -39,6 +39,7 @@ from app._sync.flight import Flight, Refused
 from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
 from app.call_log import retrying
+from app.calls import Uncut
 from app.event_stream import Step
 from app.slot_queue import SlotQueue
 from domain.cancel import CancelToken
@@ -181,9 +182,11 @@ class LlamaCalls:
                     yield retrying
         finally:
             flight.close()
-            if flight.generating is not None:
-                self._stop(flight.generating)
-            self._queue.leave(ticket)
+            try:  # the slot is given back however the stop ends; a cancel does not cut the stop
+                if flight.generating is not None:
+                    Uncut.run(self._stop, flight.generating)
+            finally:
+                self._queue.leave(ticket)
 
     def _take_off(
         self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
@@ -302,8 +305,7 @@ class LlamaCalls:
             log.debug("stopping the generation: %s", loggable(exc))
 
     def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
-        """Wait at the gate until the ticket holds its slot, emitting `Queued` each time it moves
-        up; `WaitTimeout` past `busy_wait_ms`."""
+        """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
         queue = self._queue
         deadline = queue.deadline(self._limits.gate_wait_s)
         ahead = ticket.ahead
@@ -316,8 +318,7 @@ class LlamaCalls:
             ahead = moved
 
     def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
-        """Ask the server to end the thinking block on a second connection: None when it answers
-        `{"success": true}`, else what went wrong."""
+        """End the thinking block on a second connection: None on `{"success": true}`, else why not."""
         try:
             body = build_control_body(completion_id, self._settings.model)
             answer = fetch(

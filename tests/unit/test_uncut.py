@@ -1,0 +1,86 @@
+"""`AsyncUncut.run`: a bounded step that a cancel must not cut short (the stop of a
+generation) runs to its end, and the cancellation is raised after it; `Uncut.run`, its blocking
+twin, runs it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.calls import AsyncUncut, Uncut
+
+
+class Step:
+    """A step that ends when `release` is set, noting that it ended."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ended = False
+
+    async def run(self) -> str:
+        self.started.set()
+        await self.release.wait()
+        self.ended = True
+        return "stopped"
+
+
+def test_a_step_not_cancelled_returns_its_result() -> None:
+    async def scene() -> str:
+        step = Step()
+        step.release.set()
+        return await AsyncUncut.run(step.run)
+
+    assert asyncio.run(scene()) == "stopped"
+
+
+def test_a_cancel_waits_for_the_step_then_is_raised() -> None:
+    async def scene() -> tuple[bool, bool]:
+        step = Step()
+        waiting = asyncio.ensure_future(AsyncUncut.run(step.run))
+        await step.started.wait()
+        waiting.cancel()
+        await asyncio.sleep(0)
+        waiting.cancel()  # twice: still not cut
+        await asyncio.sleep(0)
+        ended_before_release = step.ended or waiting.done()
+        step.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return ended_before_release, step.ended
+
+    assert asyncio.run(scene()) == (False, True)
+
+
+def test_the_steps_own_error_comes_out() -> None:
+    async def failing() -> None:
+        raise LookupError("the step failed")
+
+    async def scene() -> None:
+        await AsyncUncut.run(failing)
+
+    with pytest.raises(LookupError, match="the step failed"):
+        asyncio.run(scene())
+
+
+def test_a_step_cancelled_itself_is_a_cancel() -> None:
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    async def scene() -> None:
+        await AsyncUncut.run(cancelled)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(scene())
+
+
+def test_the_blocking_twin_runs_the_step_with_its_arguments() -> None:
+    ran: list[tuple[str, int]] = []
+
+    def stop(name: str, *, times: int) -> str:
+        ran.append((name, times))
+        return "stopped"
+
+    assert Uncut.run(stop, "c-1", times=2) == "stopped"
+    assert ran == [("c-1", 2)]
