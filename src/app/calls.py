@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from domain.cancel import CancelToken, cancel_all
-from domain.errors import ClientClosed, InferError
+from domain.errors import ClientClosed, InferError, RequestError
 
 __all__ = ["CLOSE_WAIT_S", "AsyncCalls", "AsyncUncut", "Calls", "TaskLink", "Uncut"]
 
@@ -50,7 +50,10 @@ class _Registry:
         self._closed = False
 
     def begin(self, token: CancelToken, cancel: CancelToken | None) -> None:
-        """Register a call's token (linked to the caller's `cancel`); `ClientClosed` if closed."""
+        """Register a call's token (linked to the caller's `cancel`); `ClientClosed` if closed,
+        `RequestError` if `cancel` is not a `CancelToken`."""
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise RequestError(f"cancel must be a CancelToken or None, not {type(cancel).__name__}")
         with self._lock:
             if self._closed:
                 raise ClientClosed("the client is closed")

@@ -22,11 +22,19 @@ from types import TracebackType
 from app.calls import TaskLink
 from domain.cancel import CancelToken
 from domain.completion import Completion
+from domain.errors import RequestError
 from domain.events import ChatEvent
 
-__all__ = ["AsyncEventStream", "EventStream", "Step", "emit"]
+__all__ = ["AsyncEventStream", "EventStream", "Step", "check_sink", "emit"]
 
 Step = ChatEvent | Completion
+
+
+def check_sink(on_event: object) -> None:
+    """A call's `on_event` is called with every event: one that cannot be is a `RequestError`
+    before anything is sent."""
+    if not callable(on_event):
+        raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
 
 
 def emit(on_event: Callable[[ChatEvent], None], event: ChatEvent) -> None:

@@ -18,63 +18,38 @@ one tool (the template renders no tool section either way, and `tool_choice: "re
 tool is refused as a caller error); sampling fields set to `None` are left out, so the server's
 default applies.
 
-Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_format`):
-- Unset, they change nothing: the body is byte for byte what it is without them. Set,
-  `max_tokens` and each sampling field take the config's value's place (same key, same
-  position); a sampling field the config leaves out goes where it would have been. `stop` and
-  then `response_format` come last, and only when given.
-- Each is held to the bounds the config's own values are held to (llama-server keeps token
-  counts and `top_k` in an int32, `seed` in a uint32 with -1 for random, `temperature` in a C
-  float). `stop` is at most `MAX_STOP` non-empty strings (llama-server sets no limit; more than a
-  few is a mistake).
-- `response_format` is checked only where llama-server would misread it silently: a `type` it
-  does not know is an error there, but a missing or non-string `type`, a `json_schema` without a
-  `schema` object, or a `schema` that is not an object all quietly become "any JSON" or "no
-  constraint". Everything else is sent exactly as given, key order kept: the grammar follows the
-  schema's property order.
-- With tools, `response_format` wins: the answer is held to the schema and no tool can be called.
-  `tool_choice: "required"` with a `response_format` asks for both and is refused.
+Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_format`) are checked
+and placed by `domain.request_options`; unset, they change nothing.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from domain.errors import RequestError
-from domain.json_check import MAX_JSON_DEPTH, encode_json, json_tree, valid_text
+from domain.json_check import encode_json, json_tree
 from domain.json_check import quote as _quote
 from domain.messages import (
     TOOL_CHOICES,
     AssistantMessage,
     ChatRequest,
-    Sampling,
     SystemMessage,
     ToolCall,
     ToolMessage,
     ToolSchema,
     UserMessage,
 )
+from domain.request_options import (
+    INT32_MAX,
+    SAMPLING_FIELDS,
+    checked_response_format,
+    sampling_fields,
+    stop_strings,
+)
 
 CONTROL_ACTION = "reasoning_end"
-
-# The bounds `app.config` holds the config's values to (the domain cannot import it): llama-server
-# reads token counts and `top_k` into int32, `seed` into uint32 (-1 is its "random seed", any
-# other negative number would wrap), `temperature` into a C float (past its range it arrives as inf).
-INT32_MAX = 2**31 - 1
-UINT32_MAX = 2**32 - 1
-RANDOM_SEED = -1
-FLOAT32_MAX = 3.4028234663852886e38
-SAMPLING_FIELDS: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed")
-# llama-server takes any number of stop strings and checks each against the tail of the answer
-# after every token; past this many, the list is a mistake, not a request.
-MAX_STOP = 16
-# The `type`s llama-server knows; "text" means no constraint.
-RESPONSE_FORMAT_TYPES: tuple[str, ...] = ("json_schema", "json_object", "text")
-# How deep a `response_format` may nest: the depth every caller JSON tree is held to.
-MAX_FORMAT_DEPTH = MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +86,15 @@ def _content(value: object, index: int) -> str:  # `_text`, the where said only 
     return value if type(value) is str else _text(value, f"messages[{index}].content")  # type: ignore[return-value]
 
 
+def _listed(value: Any, where: str, what: str) -> Sequence[Any]:
+    """`value` if it is a sequence (a tuple or a list, most often), not a string; else `RequestError`."""
+    if type(value) is tuple or type(value) is list:
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+        return value
+    raise RequestError(f"{where} must be a tuple or list of {what}, not {type(value).__name__}")
+
+
 def _tool_call(call: object, where: str) -> dict[str, Any]:
     if not isinstance(call, ToolCall):
         raise RequestError(f"{where} must be a ToolCall, not {type(call).__name__}")
@@ -138,10 +122,9 @@ def _message(message: object, index: int) -> dict[str, Any]:
         }
         if message.reasoning_content is not None:
             out["reasoning_content"] = _text(message.reasoning_content, f"{where}.reasoning_content")
-        if message.tool_calls:
-            out["tool_calls"] = [
-                _tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(message.tool_calls)
-            ]
+        calls = _listed(message.tool_calls, f"{where}.tool_calls", "ToolCalls")
+        if calls:
+            out["tool_calls"] = [_tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]
         return out
     if isinstance(message, ToolMessage):
         return {
@@ -179,124 +162,36 @@ def check_slot(slot: object, total_slots: int | None) -> int:
     return slot
 
 
-def _number(value: object, where: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(f"{where} must be a number, not {type(value).__name__}")
-    try:
-        # A float, as the config's floats are: `1` and `1.0` render the same.
-        number = float(value)
-    except OverflowError:  # an int past the float range
-        number = math.inf
-    if not low <= number <= high:  # also refuses nan
-        raise RequestError(f"{where} must be a finite number from {low:g} to {high:g}, not {_quote.repr(value)}")
-    return number
-
-
-def _integer(value: object, where: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RequestError(f"{where} must be an integer, not {type(value).__name__}")
-    if not low <= value <= high:
-        raise RequestError(f"{where} must be from {low} to {high}, not {_quote.repr(value)}")
-    return value
-
-
-def _sampling_override(name: str, value: object) -> float | int:
-    where = f"sampling.{name}"
-    if name == "temperature":
-        return _number(value, where, 0.0, FLOAT32_MAX)
-    if name == "top_k":
-        return _integer(value, where, 0, INT32_MAX)
-    if name == "seed":
-        return _integer(value, where, RANDOM_SEED, UINT32_MAX)
-    return _number(value, where, 0.0, 1.0)  # top_p, min_p
-
-
-def _sampling(override: object, settings: RequestSettings) -> dict[str, Any]:
-    """The sampling fields in their fixed order: the request's value, else the config's."""
-    if override is None:
-        return dict(settings.sampled)
-    if not isinstance(override, Sampling):
-        raise RequestError(f"sampling must be a Sampling, not {type(override).__name__}")
-    out: dict[str, Any] = {}
-    for name in SAMPLING_FIELDS:
-        mine = getattr(override, name)
-        value = getattr(settings, name) if mine is None else _sampling_override(name, mine)
-        if value is not None:
-            out[name] = value
-    return out
-
-
-def _stop(stop: object) -> list[str]:
-    if not isinstance(stop, tuple | list):
-        raise RequestError(f"stop must be a tuple or list of strings, not {type(stop).__name__}")
-    if len(stop) > MAX_STOP:
-        raise RequestError(f"stop has {len(stop)} strings, more than {MAX_STOP}")
-    out = []
-    for index, text in enumerate(stop):
-        where = f"stop[{index}]"
-        if not isinstance(text, str) or not text:
-            raise RequestError(f"{where} must be a non-empty string, not {_quote.repr(text)}")
-        out.append(valid_text(text, where))
-    return out
-
-
-def _schema_object(container: Mapping[str, Any], where: str, *, required: bool) -> None:
-    if "schema" not in container and not required:
-        return
-    if not isinstance(container.get("schema"), Mapping):
-        found = type(container["schema"]).__name__ if "schema" in container else "nothing"
-        raise RequestError(f"{where}.schema must be a JSON Schema object, not {found}")
-
-
-def _response_format(value: object) -> dict[str, Any] | None:
-    """The caller's `response_format`, checked where llama-server would misread it silently."""
-    if value is None:
-        return None
-    where = "response_format"
-    if not isinstance(value, Mapping):
-        raise RequestError(f"{where} must be a mapping, not {type(value).__name__}")
-    kind = value.get("type")
-    if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_TYPES:
-        raise RequestError(f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {_quote.repr(kind)}")
-    if kind == "json_schema":
-        wrapper = value.get("json_schema")
-        if not isinstance(wrapper, Mapping):
-            raise RequestError(f"{where}.json_schema must be a mapping, not {type(wrapper).__name__}")
-        if "name" in wrapper and not isinstance(wrapper["name"], str):
-            raise RequestError(f"{where}.json_schema.name must be a string, not {type(wrapper['name']).__name__}")
-        _schema_object(wrapper, f"{where}.json_schema", required=True)
-    elif kind == "json_object":
-        _schema_object(value, where, required=False)
-    tree: dict[str, Any] = json_tree(value, where)
-    return tree
-
-
 def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots: int | None) -> bytes:
     """The `POST /v1/chat/completions` body for `req`; `RequestError` if it must not be sent.
 
     `total_slots` is the server's slot count (from config or `/props`); `None` skips the upper
     bound check only.
     """
+    if not isinstance(req, ChatRequest):
+        raise RequestError(f"the request must be a ChatRequest, not {type(req).__name__}")
     slot = check_slot(req.slot, total_slots)
-    if not req.messages:
+    messages = _listed(req.messages, "messages", "messages")
+    tools = _listed(req.tools, "tools", "ToolSchemas")
+    if not messages:
         raise RequestError("a request needs at least one message")
     if req.tool_choice not in TOOL_CHOICES:
         raise RequestError(f"tool_choice {req.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}")
     if not isinstance(req.thinking, bool):
         raise RequestError(f"thinking must be a bool, not {type(req.thinking).__name__}")
     max_tokens = effective_max_tokens(req, settings)
-    sampling = _sampling(req.sampling, settings)
-    stop = _stop(req.stop)
-    response_format = _response_format(req.response_format)
-    if response_format is not None and req.tools and req.tool_choice == "required":
+    sampling = sampling_fields(req.sampling, settings)
+    stop = stop_strings(req.stop)
+    response_format = checked_response_format(req.response_format)
+    if response_format is not None and tools and req.tool_choice == "required":
         raise RequestError('response_format cannot be combined with tool_choice "required": the answer is held to it')
 
     body: dict[str, Any] = {
         "model": settings.model,
-        "messages": [_message(m, i) for i, m in enumerate(req.messages)],
+        "messages": [_message(m, i) for i, m in enumerate(messages)],
     }
-    if req.tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(req.tools)]
+    if tools:
+        body["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
         body["tool_choice"] = req.tool_choice
     elif req.tool_choice == "required":
         raise RequestError('tool_choice "required" needs at least one tool')

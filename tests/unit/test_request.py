@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -440,3 +441,55 @@ def test_a_response_format_nested_in_lists_up_to_the_limit_is_sent_and_one_level
 def test_a_bad_value_in_a_list_of_a_response_format_is_named_by_its_index() -> None:
     req = ChatRequest(slot=0, messages=[UserMessage("hi")], response_format={"type": "text", "enum": [1, float("nan")]})
     assert refusal(req) == "response_format.enum[1] must be a finite number, not nan"
+
+
+# -- the shape of the request itself ------------------------------------------------------------
+
+
+def test_a_request_that_is_not_a_chat_request_is_named_by_its_type() -> None:
+    for bad in (None, {"slot": 0, "messages": []}):
+        with pytest.raises(RequestError) as caught:
+            build_chat_body(bad, PLAIN_SETTINGS, total_slots=1)  # type: ignore[arg-type]
+        assert str(caught.value) == f"the request must be a ChatRequest, not {type(bad).__name__}"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("messages", 5, "messages, not int"),
+        ("messages", "hello", "messages, not str"),
+        ("messages", (m for m in [UserMessage("hi")]), "messages, not generator"),
+        ("tools", None, "ToolSchemas, not NoneType"),
+        ("tools", 3, "ToolSchemas, not int"),
+        ("tools", iter([TOOL]), "ToolSchemas, not list_iterator"),
+    ],
+)
+def test_messages_and_tools_that_are_not_a_sequence_are_refused(field: str, value: Any, what: str) -> None:
+    # A generator would be used up by the first render: a retry, or the cache's record of the
+    # turn, would see nothing.
+    fields: dict[str, Any] = {"slot": 0, "messages": [UserMessage("hi")], field: value}
+    assert refusal(ChatRequest(**fields)) == f"{field} must be a tuple or list of {what}"
+
+
+@pytest.mark.parametrize(("value", "kind"), [(None, "NoneType"), (5, "int"), ("c1", "str")])
+def test_tool_calls_that_are_not_a_sequence_are_named_by_their_path(value: Any, kind: str) -> None:
+    req = ChatRequest(slot=0, messages=[UserMessage("hi"), AssistantMessage(content="a", tool_calls=value)])
+    assert refusal(req) == f"messages[1].tool_calls must be a tuple or list of ToolCalls, not {kind}"
+
+
+def test_any_sequence_of_messages_renders_as_a_list_would() -> None:
+    class Messages(Sequence[UserMessage]):
+        def __init__(self, *items: UserMessage) -> None:
+            self._items = items
+
+        def __getitem__(self, index: Any) -> Any:
+            return self._items[index]
+
+        def __len__(self) -> int:
+            return len(self._items)
+
+    listed = ChatRequest(slot=0, messages=[UserMessage("hi")], tools=[TOOL])
+    custom = ChatRequest(slot=0, messages=Messages(UserMessage("hi")), tools=(TOOL,))
+    assert build_chat_body(custom, PLAIN_SETTINGS, total_slots=1) == build_chat_body(
+        listed, PLAIN_SETTINGS, total_slots=1
+    )

@@ -16,14 +16,8 @@ from typing import Any
 import pytest
 
 from domain.messages import ChatRequest, Sampling, ToolSchema, UserMessage
-from domain.request import (
-    MAX_FORMAT_DEPTH,
-    MAX_STOP,
-    RequestError,
-    RequestSettings,
-    build_chat_body,
-    effective_max_tokens,
-)
+from domain.request import RequestError, RequestSettings, build_chat_body, effective_max_tokens
+from domain.request_options import MAX_FORMAT_DEPTH, MAX_STOP
 from transcripts import case_params, load_case, request_from
 
 SETTINGS = RequestSettings(

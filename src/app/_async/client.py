@@ -29,7 +29,7 @@ from types import TracebackType
 
 from app._async.call import AsyncLlamaCalls
 from app.calls import CLOSE_WAIT_S, AsyncCalls
-from app.event_stream import AsyncEventStream, Step, emit
+from app.event_stream import AsyncEventStream, Step, check_sink, emit
 from app.slot_queue import AsyncSlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
@@ -89,6 +89,7 @@ class AsyncClient:
 
     async def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
         """One attempt: returns the final `Completion` or raises an `InferError`."""
+        check_sink(on_event)
         async with self.stream(req, cancel) as stream:
             async for event in stream:
                 emit(on_event, event)
@@ -98,6 +99,7 @@ class AsyncClient:
         self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
     ) -> Completion:
         """`chat`, retried by the retry policy; every attempt sends the same bytes."""
+        check_sink(on_event)
         async with self.stream_with_retry(req, cancel) as stream:
             async for event in stream:
                 emit(on_event, event)

@@ -30,7 +30,7 @@ from types import TracebackType
 
 from app._sync.call import LlamaCalls
 from app.calls import CLOSE_WAIT_S, Calls
-from app.event_stream import EventStream, Step, emit
+from app.event_stream import EventStream, Step, check_sink, emit
 from app.slot_queue import SlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
@@ -90,6 +90,7 @@ class Client:
 
     def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
         """One attempt: returns the final `Completion` or raises an `InferError`."""
+        check_sink(on_event)
         with self.stream(req, cancel) as stream:
             for event in stream:
                 emit(on_event, event)
@@ -99,6 +100,7 @@ class Client:
         self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
     ) -> Completion:
         """`chat`, retried by the retry policy; every attempt sends the same bytes."""
+        check_sink(on_event)
         with self.stream_with_retry(req, cancel) as stream:
             for event in stream:
                 emit(on_event, event)

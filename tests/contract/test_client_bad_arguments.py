@@ -1,0 +1,56 @@
+"""Arguments of the wrong kind are the caller's bug: a `RequestError` naming the argument,
+before anything is sent, in both flavours (each test runs over both clients, `client_kind`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeServer, json_reply, sse_reply
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, PROPS, REQ, Kind
+from domain.errors import RequestError
+from domain.events import ChatEvent
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def ignore(event: ChatEvent) -> None:
+    return None
+
+
+@pytest.mark.parametrize("bad", [None, "print", 42])
+def test_an_on_event_that_cannot_be_called_is_refused_before_anything_is_sent(
+    server: FakeServer, client_kind: Kind, bad: Any
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    client = client_kind.client_for(server)
+    for call in (client.chat, client.chat_with_retry):
+        with pytest.raises(RequestError) as caught:
+            call(REQ, bad)
+        assert str(caught.value) == f"on_event must be callable, not {type(bad).__name__}"
+    assert server.requests == []
+    assert client.chat(REQ, ignore) == ANSWER_COMPLETION  # the client is none the worse
+    client.close()
+
+
+@pytest.mark.parametrize("bad", ["x", 1, object()])
+def test_a_cancel_that_is_not_a_token_is_refused_before_anything_is_sent(
+    server: FakeServer, client_kind: Kind, bad: Any
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    server.route(*PROPS, json_reply({"total_slots": 2}))
+    client = client_kind.client_for(server)
+    calls = [
+        lambda: client.chat(REQ, ignore, cancel=bad),
+        lambda: client.chat_with_retry(REQ, ignore, cancel=bad),
+        lambda: client.props(cancel=bad),
+        lambda: client.render(REQ, cancel=bad),
+    ]
+    for call in calls:
+        with pytest.raises(RequestError) as caught:
+            call()
+        assert str(caught.value) == f"cancel must be a CancelToken or None, not {type(bad).__name__}"
+    assert server.requests == []
+    assert client.chat(REQ, ignore) == ANSWER_COMPLETION
+    client.close()
