@@ -25,6 +25,7 @@ import orjson
 
 from domain.errors import ProtocolError, RequestError
 from domain.hashing import sha256
+from domain.request_options import INT32_MAX
 from ports.slot_probe import SlotState
 from ports.transport import ResponseHead
 
@@ -141,12 +142,14 @@ def _list(value: object, path: str) -> list[Any]:
     return value
 
 
-def _count(obj: dict[str, Any], key: str, path: str, *, positive: bool = False) -> int:
+def _count(obj: dict[str, Any], key: str, path: str, *, positive: bool = False, most: int | None = None) -> int:
+    """`obj[key]`, a count; `most` bounds what llama-server keeps in an int32 (slots, contexts,
+    token ids), so a larger one is not its number and would wrap when sent back."""
     value = obj.get(key)
-    if type(value) is not int or value < (1 if positive else 0):
+    if type(value) is not int or value < (1 if positive else 0) or (most is not None and value > most):
         need = "a positive integer" if positive else "a non-negative integer"
         shown = "missing" if key not in obj else _show(value)
-        raise ProtocolError(f"{path}.{key} is {shown}, not {need}")
+        raise ProtocolError(f"{path}.{key} is {shown}, not {need}{'' if most is None else f' up to {most}'}")
     return value
 
 
@@ -167,8 +170,8 @@ def parse_props(raw: bytes) -> Props:
     return Props(
         chat_template=template,
         chat_template_sha256=sha256(template.encode("utf-8")).hex(),
-        total_slots=_count(data, "total_slots", where, positive=True),
-        n_ctx=_count(settings, "n_ctx", f"{where}.default_generation_settings", positive=True),
+        total_slots=_count(data, "total_slots", where, positive=True, most=INT32_MAX),
+        n_ctx=_count(settings, "n_ctx", f"{where}.default_generation_settings", positive=True, most=INT32_MAX),
         model_alias=_opt_str(data, "model_alias"),
         model_path=_opt_str(data, "model_path"),
     )
@@ -181,7 +184,7 @@ def parse_slots(raw: bytes) -> list[SlotInfo]:
     for i, item in enumerate(_list(loads(raw, where), where)):
         path = f"{where}[{i}]"
         entry = _object(item, path)
-        slot_id = _count(entry, "id", path)
+        slot_id = _count(entry, "id", path, most=INT32_MAX)
         busy = entry.get("is_processing")
         if type(busy) is not bool:
             raise ProtocolError(f"{path}.is_processing is {_show(busy)}, not a boolean")
@@ -198,7 +201,7 @@ def parse_tokens(raw: bytes) -> list[Token]:
     for i, item in enumerate(_list(data.get("tokens"), f"{where}.tokens")):
         path = f"{where}.tokens[{i}]"
         tok = _object(item, path)
-        token_id = _count(tok, "id", path)
+        token_id = _count(tok, "id", path, most=INT32_MAX)
         piece = tok.get("piece")
         if type(piece) is str:
             try:
@@ -288,7 +291,7 @@ def parse_token_ids(raw: bytes) -> list[int]:
     where = TOKENIZE_PATH
     tokens = _list(_object(loads(raw, where), where).get("tokens"), f"{where}.tokens")
     for i, token in enumerate(tokens):
-        if type(token) is not int or token < 0:
+        if type(token) is not int or not 0 <= token <= INT32_MAX:
             raise ProtocolError(f"{where}.tokens[{i}] is {_show(token)}, not a token id")
     return tokens
 

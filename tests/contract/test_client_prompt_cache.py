@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, error_reply, silence
+from adapters.fake_server import FakeServer, error_reply, json_reply, silence
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
@@ -136,6 +136,20 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
     client = client_for(client_kind, server)
     turn(client, SYSTEM, ASK)
     server.route("GET", "/slots", error_reply(500, "boom"))
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    assert Content(ANSWER) in events and predictions(events) == []
+
+
+@pytest.mark.parametrize("token_id", [2**31, 2**63])
+def test_a_token_id_that_is_not_one_skips_the_prediction_not_the_turn(
+    server: FakeServer, client_kind: Kind, token_id: int
+) -> None:
+    # Valid JSON, but past the int32 llama-server keeps a token id in: the prediction is off
+    # for this turn, and the turn goes on.
+    CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    server.route("POST", "/tokenize", json_reply({"tokens": [1, token_id]}))
     events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
     assert Content(ANSWER) in events and predictions(events) == []
 

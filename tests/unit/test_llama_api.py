@@ -12,6 +12,7 @@ from domain.llama_api import (
     control_refusal,
     parse_props,
     parse_slots,
+    parse_token_ids,
     parse_tokens,
 )
 
@@ -26,13 +27,13 @@ def test_a_missing_count_is_called_missing() -> None:
     raw = orjson.dumps({"chat_template": "t", **SETTINGS})
     with pytest.raises(ProtocolError) as caught:
         parse_props(raw)
-    assert str(caught.value) == "/props.total_slots is missing, not a positive integer"
+    assert str(caught.value) == "/props.total_slots is missing, not a positive integer up to 2147483647"
 
 
 def test_a_zero_slot_count_is_refused_because_it_must_be_positive() -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_props(props(total_slots=0))
-    assert str(caught.value) == "/props.total_slots is 0, not a positive integer"
+    assert str(caught.value) == "/props.total_slots is 0, not a positive integer up to 2147483647"
 
 
 def test_a_slot_id_of_zero_is_a_valid_count() -> None:
@@ -113,3 +114,40 @@ def test_a_quoted_value_of_120_characters_is_shown_whole() -> None:
 def test_a_quoted_value_over_120_characters_is_cut_with_an_ellipsis() -> None:
     answer = "a" * 119  # its repr is 121 characters
     assert control_refusal(orjson.dumps(answer)) == f"the server answered {answer!r}"[:-1] + "..."
+
+
+# llama-server keeps slot counts, contexts and token ids in an int32: a larger number is not its
+# own, and sent back (`id_slot`) it would wrap.
+INT32_MAX = 2**31 - 1
+
+
+def test_the_largest_int32_counts_are_taken() -> None:
+    got = parse_props(props(total_slots=INT32_MAX, default_generation_settings={"n_ctx": INT32_MAX}))
+    assert (got.total_slots, got.n_ctx) == (INT32_MAX, INT32_MAX)
+    assert parse_token_ids(orjson.dumps({"tokens": [0, INT32_MAX]})) == [0, INT32_MAX]
+    assert parse_slots(orjson.dumps([{"id": INT32_MAX, "is_processing": False}])) == [SlotInfo(INT32_MAX, False)]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (props(total_slots=2**40), "/props.total_slots is 1099511627776, not a positive integer up to 2147483647"),
+        (
+            props(default_generation_settings={"n_ctx": 2**62}),
+            f"/props.default_generation_settings.n_ctx is {2**62}, not a positive integer up to 2147483647",
+        ),
+    ],
+)
+def test_a_props_count_past_an_int32_is_refused(raw: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_props(raw)
+    assert str(caught.value) == message
+
+
+def test_a_token_id_past_an_int32_is_refused() -> None:
+    with pytest.raises(ProtocolError, match=r"/tokenize.tokens\[1\] is 2147483648, not a token id"):
+        parse_token_ids(orjson.dumps({"tokens": [1, 2**31]}))
+    with pytest.raises(ProtocolError, match=r"/tokenize.tokens\[0\].id is 9223372036854775808, not a non-negative"):
+        parse_tokens(orjson.dumps({"tokens": [{"id": 2**63, "piece": "x"}]}))
+    with pytest.raises(ProtocolError, match=r"/slots\[0\].id is 2147483648"):
+        parse_slots(orjson.dumps([{"id": 2**31, "is_processing": False}]))
