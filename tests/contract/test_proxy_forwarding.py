@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.proxy.options import Address
 from adapters.proxy.pump import Mover, copy_bytes, splice_bytes
 from adapters.proxy.testing import LoopbackUpstream, black_hole, echo, reset, running_proxy, unused_port
 
@@ -183,6 +184,40 @@ def test_an_upstream_that_refuses_gets_the_client_closed_at_once_and_one_line(tm
         assert time.monotonic() - started < 0.5
         assert proxy.proxy.wait_idle(2)
     assert proxy.lines == [f"closed a connection: upstream {address} unreachable (Connection refused)"]
+
+
+def test_a_client_waits_for_an_upstream_that_never_answers_no_longer_than_the_connect_timeout(tmp_path: Path) -> None:
+    # The spare is connecting ahead when the client comes: the client waits for that attempt,
+    # and its own first try gets only what is left of the one connect timeout, not another.
+    with (
+        black_hole() as address,
+        running_proxy(str(tmp_path / "p.sock"), address, connect_timeout=0.2, ready_every=60.0) as proxy,
+        proxy.connect() as client,
+    ):
+        started = time.monotonic()
+        assert read_until_closed(client, timeout=2) == (0, "eof")
+        elapsed = time.monotonic() - started
+        assert proxy.proxy.wait_idle(2)
+    assert 0.1 <= elapsed < 0.3  # two timeouts would be 0.4 s
+    assert proxy.lines == [f"closed a connection: upstream {address} unreachable (timed out)"]
+
+
+def test_an_upstream_name_that_cannot_be_looked_up_gets_the_client_closed_and_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command line refuses such a name; a proxy made in code with one fails each connect as
+    # an unreachable upstream would, not with a traceback from its threads.
+    crashed: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+    address = Address("a..b", 80)
+    with running_proxy(str(tmp_path / "p.sock"), address, ready_every=60.0) as proxy, proxy.connect() as client:
+        assert read_until_closed(client, timeout=2) == (0, "eof")
+        assert proxy.proxy.wait_idle(2)
+    assert crashed == []
+    assert proxy.lines == [
+        f"closed a connection: upstream {address} unreachable ('a..b' is not a host name "
+        "(encoding with 'idna' codec failed (UnicodeError: label empty or too long)))"
+    ]
 
 
 def test_an_upstream_that_never_answers_the_connect_times_out_and_closes_the_client(tmp_path: Path) -> None:

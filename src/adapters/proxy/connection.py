@@ -374,11 +374,12 @@ class Connection:
         client = self._client
         assert client is not None
         upstream = self._linked or self._take_ready()  # connected ahead, with its options set
+        first_by = time.monotonic() + self._connect_timeout  # the client waits no longer for its first try
         if upstream is None and not self._ahead.is_set():  # one is on its way: sooner than a new one
             self._ahead.wait(self._connect_timeout)
             upstream = self._take_ready()
         if upstream is None:
-            upstream = self._connect_for_client()
+            upstream = self._connect_for_client(first_by)
             if upstream is None:
                 return
         self._linked = upstream
@@ -395,10 +396,11 @@ class Connection:
             # case the other direction must stop now.
             self.abort()
 
-    def _connect_for_client(self) -> socket.socket | None:
-        """A connection made now (none was ready), or None (unreachable, with its line; aborted)."""
+    def _connect_for_client(self, first_by: float) -> socket.socket | None:
+        """A connection made now (none was ready), or None (unreachable, with its line; aborted);
+        the first address tried gets until `first_by`, what a wait for the attempt ahead left."""
         try:
-            upstream = self._connect()
+            upstream = self._connect(first_by)
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
             self._on_closed(f"upstream {self._address} unreachable ({reason})")
@@ -419,14 +421,17 @@ class Connection:
         except OSError:
             self.abort()
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self, first_by: float | None = None) -> socket.socket | None:
         """A connection upstream, as `socket.create_connection` makes it (still non-blocking),
         now the caller's; None once aborted. Each address the name resolves to gets
-        `connect_timeout`; the last failure is raised. The attempt under way is `_connecting`,
-        which an abort shuts down, ending the wait for it."""
+        `connect_timeout` (the first, until `first_by` when given); the last failure is raised.
+        The attempt under way is `_connecting`, which an abort shuts down, ending the wait for it."""
         infos = self._addresses
         if infos is None:
-            infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+            try:
+                infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+            except UnicodeError as exc:  # a name the lookup cannot encode: it cannot be reached
+                raise OSError(f"{self._address.host!r} is not a host name ({exc})") from exc
         failure: OSError | None = None
         for family, kind, proto, _name, sockaddr in infos:
             sock = socket.socket(family, kind, proto)
@@ -439,11 +444,12 @@ class Connection:
                 # Started under the lock, so an abort either comes first (and is seen above)
                 # or finds the connect under way and shuts it down, which ends the poll below.
                 started = sock.connect_ex(sockaddr)
+            by, first_by = first_by, None
             try:
                 if started not in (0, errno.EINPROGRESS):
                     raise OSError(started, os.strerror(started))
                 if started:
-                    self._wait_connected(sock)
+                    self._wait_connected(sock, by)
             except OSError as exc:
                 failure = exc
             with self._lock:
@@ -455,10 +461,11 @@ class Connection:
                     return None
         raise failure if failure is not None else OSError(f"no address for {self._address.host}")
 
-    def _wait_connected(self, sock: socket.socket) -> None:
+    def _wait_connected(self, sock: socket.socket, by: float | None) -> None:
         poller = select.poll()
         poller.register(sock, select.POLLOUT)
-        if not poller.poll(math.ceil(self._connect_timeout * 1000)):
+        wait = self._connect_timeout if by is None else by - time.monotonic()
+        if wait <= 0 or not poller.poll(math.ceil(wait * 1000)):
             raise TimeoutError("timed out")
         if self._aborted:
             return

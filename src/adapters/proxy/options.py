@@ -115,6 +115,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
 def parse_upstream(value: str) -> Address:
     if "://" in value:
         raise UsageError(f"--upstream takes HOST:PORT, not a URL{_without_scheme(value)}, got {value!r}")
+    if value.startswith("[") and value.endswith("]"):
+        raise UsageError(f"--upstream needs a port after the IPv6 host, as [::1]:PORT, got {value!r}")
+    if value.startswith("[") and "]" in value and not value.partition("]")[2].startswith(":"):
+        raise UsageError(f"--upstream: a colon goes between the IPv6 host and its port, as [::1]:PORT, got {value!r}")
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise UsageError(f"--upstream must be HOST:PORT, got {value!r}")
@@ -129,7 +133,17 @@ def parse_upstream(value: str) -> Address:
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise UsageError(f"--upstream port must be between 1 and 65535, got {port}")
+    try:
+        host.encode("idna")  # what every connect's name lookup does first
+    except UnicodeError as exc:
+        raise UsageError(f"--upstream host {host!r} is not a host name ({_idna_reason(exc)})") from None
     return Address(host, port)
+
+
+def _idna_reason(exc: UnicodeError) -> str:
+    """The codec's own reason ("label empty or too long"), without its wrapping."""
+    text = str(exc)
+    return text.rpartition("(UnicodeError: ")[2].rstrip(")") or text
 
 
 def _without_scheme(url: str) -> str:
