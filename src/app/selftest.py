@@ -18,7 +18,8 @@ Invariants:
 - Every failure is one `FAIL` line, never a traceback: a check that raises anything (an
   `InferError`, a `RequestError`, a bug) fails with the error's type and message, and the next
   check still runs. Only `KeyboardInterrupt` and other `BaseException`s that are not `Exception`s
-  go through. After a `ConnectError` or `LoadTimeout` the later checks are "not run".
+  go through. After a `ConnectError`, `LoadTimeout` or `StreamClosedEarly` the later checks are
+  "not run".
 - The cache check can fail: turn 1 is long (fixed house rules as the system prompt), and a turn 1
   that left no more than twice the loss limit in the slot fails the check outright, because a
   turn 2 that reused half of it, or nothing, could still pass as a hit.

@@ -15,10 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from app.client import Client
 from app.config import Config
@@ -160,7 +161,7 @@ def check_tool_call(target: Target) -> CheckResult:
             tokens,
         )
     try:
-        args = json.loads(calls[0].arguments)
+        args = orjson.loads(calls[0].arguments)  # JSON alone: no NaN or Infinity, as json.loads takes
     except ValueError as exc:
         return CheckResult(
             "tool call", False, f"{TOOL.name} arguments are not JSON ({exc}): {calls[0].arguments[:80]!r}", tokens

@@ -281,6 +281,16 @@ def test_tool_call_fails_when_the_arguments_are_not_json(selftest_on: Callable[.
     assert_summary(outcome, 2)
 
 
+@pytest.mark.parametrize("arguments", ['{"city": NaN}', '{"city": Infinity}', '{"city": -Infinity}', "{'city': 1}"])
+def test_tool_call_fails_when_the_arguments_hold_what_json_has_not(
+    selftest_on: Callable[..., Outcome], arguments: str
+) -> None:
+    outcome = selftest_on(Server(tool=tool_answer(arguments)))
+
+    assert check_lines(outcome)[1].startswith("FAIL tool call: get_time arguments are not JSON (")
+    assert_summary(outcome, 2)
+
+
 @pytest.mark.parametrize("arguments", ['"Paris"', '["Paris"]', "42", "null"])
 def test_tool_call_fails_when_the_arguments_are_json_but_not_an_object(
     selftest_on: Callable[..., Outcome], arguments: str
