@@ -56,6 +56,10 @@ UINT32_MAX = 2**32 - 1
 FLOAT32_MAX = 3.4028234663852886e38
 # Each byte cap is memory one request may hold; past 1 GiB a cap no longer protects anything.
 MAX_CAP_BYTES = 1 << 30
+# Below these, what llama-server sends in every exchange could not fit: its response head (172
+# bytes), an event line (626 bytes at most in the recorded streams, a tool call's delta more), a
+# `/props` answer (the chat template, tens of KiB for some models), a short answer's text.
+MIN_HEADER_BYTES, MIN_SSE_LINE_BYTES, MIN_BODY_BYTES, MIN_ANSWER_BYTES = 1024, 4096, 64 * 1024, 4096
 # Each tool call the model makes is one object kept until the answer is whole, even when its
 # deltas carry nothing; a model that makes more than this in one answer is broken or hostile.
 MAX_TOOL_CALLS = 65536
@@ -128,6 +132,11 @@ Ms = Annotated[StrictInt, Field(gt=0, le=MAX_MS)]
 DelayMs = Annotated[StrictInt, Field(ge=0, le=MAX_MS)]
 Tokens = Annotated[StrictInt, Field(gt=0, le=INT32_MAX)]
 CapBytes = Annotated[StrictInt, Field(gt=0, le=MAX_CAP_BYTES)]
+
+HeaderBytes = Annotated[StrictInt, Field(ge=MIN_HEADER_BYTES, le=MAX_CAP_BYTES)]
+SseLineBytes = Annotated[StrictInt, Field(ge=MIN_SSE_LINE_BYTES, le=MAX_CAP_BYTES)]
+BodyBytes = Annotated[StrictInt, Field(ge=MIN_BODY_BYTES, le=MAX_CAP_BYTES)]
+AnswerBytes = Annotated[StrictInt, Field(ge=MIN_ANSWER_BYTES, le=MAX_CAP_BYTES)]
 Text = Annotated[StrictStr, AfterValidator(_no_nul), AfterValidator(_utf8)]
 
 
@@ -145,11 +154,11 @@ class Limits(_Section):
     thinking_overrun: Tokens = 256
     max_tokens: Tokens = 8192
     queue_per_slot: Annotated[StrictInt, Field(ge=0, le=MAX_QUEUE_PER_SLOT)] = 8
-    header_bytes: CapBytes = 16 * 1024
-    sse_line_bytes: CapBytes = 1024 * 1024
-    body_bytes: CapBytes = 4 * 1024 * 1024
-    error_body_bytes: CapBytes = 4096
-    answer_bytes: CapBytes = 16 * 1024 * 1024
+    header_bytes: HeaderBytes = 16 * 1024
+    sse_line_bytes: SseLineBytes = 1024 * 1024
+    body_bytes: BodyBytes = 4 * 1024 * 1024
+    error_body_bytes: CapBytes = 4096  # what an error keeps of its body: any size works
+    answer_bytes: AnswerBytes = 16 * 1024 * 1024
     tool_calls: Annotated[StrictInt, Field(gt=0, le=MAX_TOOL_CALLS)] = 128
     cache_loss_tokens: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 64
 

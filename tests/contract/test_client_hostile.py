@@ -216,23 +216,23 @@ def test_nothing_after_the_final_chunk_changes_the_answer(server: FakeServer, cl
 
 
 def test_an_answer_past_answer_bytes_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
-    pieces = [chunk({"content": "y" * 100}, n=n) for n in range(1, 40)]
-    server.route(*CHAT, sse_reply([*pieces, chunk(finish="stop", n=40)]))
+    pieces = [chunk({"content": "y" * 100}, n=n) for n in range(1, 50)]
+    server.route(*CHAT, sse_reply([*pieces, chunk(finish="stop", n=50)]))
 
-    with pytest.raises(ProtocolError, match="past the 1000-byte limit \\(answer_bytes\\)"):
-        client_kind.client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
+    with pytest.raises(ProtocolError, match="past the 4096-byte limit \\(answer_bytes\\)"):
+        client_kind.client_for(server, answer_bytes=4096).chat(REQ, lambda event: None)
 
     (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
     assert stream.client_closed.wait(2.0)
 
 
 def test_reasoning_and_tool_arguments_count_toward_answer_bytes(server: FakeServer, client_kind: Kind) -> None:
-    reasoning = [chunk({"reasoning_content": "r" * 300}, n=n) for n in range(1, 3)]
-    call = chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "a" * 500}}]})
+    reasoning = [chunk({"reasoning_content": "r" * 1500}, n=n) for n in range(1, 3)]
+    call = chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "a" * 1500}}]})
     server.route(*CHAT, sse_reply([*reasoning, call, chunk(finish="tool_calls", n=3)]))
 
     with pytest.raises(ProtocolError, match="answer_bytes"):
-        client_kind.client_for(server, answer_bytes=1000).chat(REQ, lambda event: None)
+        client_kind.client_for(server, answer_bytes=4096).chat(REQ, lambda event: None)
 
 
 # -- only errors from the table ------------------------------------------------------------------

@@ -293,17 +293,17 @@ def test_a_body_over_its_cap_is_a_protocol_error(
     server: FakeServer, call: tuple[str, str, Call], client_kind: Kind
 ) -> None:
     method, path, run = call
-    big = {**PROPS, "chat_template": "x" * 5000}
+    big = {**PROPS, "chat_template": "x" * 70_000}
     server.route(method, path, json_reply(big))
 
-    with pytest.raises(ProtocolError, match="4096-byte body limit"):
-        run(client_for(client_kind, server.socket_path, body_bytes=4096))
+    with pytest.raises(ProtocolError, match="65536-byte body limit"):
+        run(client_for(client_kind, server.socket_path, body_bytes=65536))
 
 
 def test_a_read_to_close_body_over_its_cap_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
     # No Content-Length: the cap is found while reading, not from the head.
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
-    server.route("GET", "/props", Raw([Piece(0.0, head), *[Piece(0.0, b" " * 1024)] * 8]))
+    server.route("GET", "/props", Raw([Piece(0.0, head), *[Piece(0.0, b" " * 1024)] * 70]))
 
-    with pytest.raises(ProtocolError, match="body over the 4096-byte limit"):
-        client_for(client_kind, server.socket_path, body_bytes=4096).props()
+    with pytest.raises(ProtocolError, match="body over the 65536-byte limit"):
+        client_for(client_kind, server.socket_path, body_bytes=65536).props()

@@ -348,11 +348,11 @@ def test_the_request_carries_what_the_brief_lists(server: FakeServer, client_kin
 
 
 def test_an_sse_line_over_its_cap_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
-    server.route(*CHAT, sse_reply([ANSWER[1], chunk({"content": "x" * 2000}, n=2), *ANSWER[2:]]))
+    server.route(*CHAT, sse_reply([ANSWER[1], chunk({"content": "x" * 5000}, n=2), *ANSWER[2:]]))
     events: list[ChatEvent] = []
 
-    with pytest.raises(ProtocolError, match="over 1024 bytes"):
-        client_kind.client_for(server, sse_line_bytes=1024).chat(REQ, events.append)
+    with pytest.raises(ProtocolError, match="over 4096 bytes"):
+        client_kind.client_for(server, sse_line_bytes=4096).chat(REQ, events.append)
 
     assert events == [Content("Paris")]
     (request,) = recorded(server, CHAT)

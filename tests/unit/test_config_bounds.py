@@ -131,6 +131,23 @@ def test_byte_caps_stop_at_one_gib(key: str) -> None:
     assert f"limits.{key}: Input should be less than or equal to 1073741824" in message
 
 
+# The least each cap may be: llama-server's response head, an event line, a `/props` answer with
+# its chat template, a short answer must fit (the recorded head is 172 bytes, the longest line 626).
+FLOORS = {"header_bytes": 1024, "sse_line_bytes": 4096, "body_bytes": 65536, "answer_bytes": 4096}
+
+
+@pytest.mark.parametrize(("key", "floor"), FLOORS.items())
+def test_a_byte_cap_too_small_for_what_llama_server_sends_is_refused(key: str, floor: int) -> None:
+    assert getattr(parse_config(with_section("limits", **{key: floor})).limits, key) == floor
+    for small in (1, floor - 1):
+        message = refusal(with_section("limits", **{key: small}))
+        assert f"limits.{key}: Input should be greater than or equal to {floor}" in message
+
+
+def test_the_error_body_kept_may_be_as_small_as_one_byte() -> None:
+    assert parse_config(with_section("limits", error_body_bytes=1)).limits.error_body_bytes == 1
+
+
 def test_queue_per_slot_stops_at_1024() -> None:
     assert parse_config(with_section("limits", queue_per_slot=1024)).limits.queue_per_slot == 1024
     message = refusal(with_section("limits", queue_per_slot=1025))
