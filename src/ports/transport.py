@@ -9,10 +9,13 @@ script, see `ports.stream`):
   `Exchange`. It raises `domain.errors.ConnectError` (naming the socket path) if the socket
   cannot be reached, `domain.errors.StreamClosedEarly` if the connection breaks while the
   request is being written, and `domain.errors.Stalled` if writing it takes over `timeout`.
-- `Transport.connect(timeout)` connects and sends nothing: a `Link`, which `open(..., link=link)`
-  then sends its request on instead of connecting (the exchange owns it from then on; `open`
-  closes it on every failure, a malformed request's included). It raises `ConnectError` as
-  `open` would; a `Link` never used is closed by its owner (`close()`, idempotent, never raises).
+- `Transport.connect(timeout, cancel=None)` connects and sends nothing: a `Link`, which
+  `open(..., link=link)` then sends its request on instead of connecting (the exchange owns it
+  from then on; `open` closes it on every failure, a malformed request's included). It raises
+  `ConnectError` as `open` would; a `Link` never used is closed by its owner (`close()`,
+  idempotent, never raises). Both connect at once or fail at once, but for a socket whose
+  accept backlog is full: that is waited out within `timeout` in either flavour, and `cancel`
+  (or cancelling the task) ends the wait with `ConnectError`.
 - `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
   aborts it (even while the request is still being written), and closing it unregisters.
 - `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts
@@ -119,7 +122,7 @@ class Link(Protocol):
 
 @runtime_checkable
 class Transport(Protocol):
-    def connect(self, timeout: float) -> Link: ...
+    def connect(self, timeout: float, cancel: CancelSignal | None = None) -> Link: ...
 
     def open(
         self,
@@ -150,7 +153,7 @@ class AsyncExchange(Protocol):
 
 @runtime_checkable
 class AsyncTransport(Protocol):
-    async def connect(self, timeout: float) -> Link: ...
+    async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> Link: ...
 
     async def open(
         self,

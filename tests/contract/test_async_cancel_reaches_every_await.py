@@ -37,8 +37,8 @@ class UnwatchedTransport:
     def __init__(self, socket_path: str) -> None:
         self._inner = AsyncUdsTransport(socket_path, header_bytes=16384)
 
-    async def connect(self, timeout: float) -> Link:
-        return await self._inner.connect(timeout)
+    async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> Link:
+        return await self._inner.connect(timeout, cancel)
 
     async def open(
         self, method: str, path: str, body: bytes | None = None, *, cancel: CancelSignal | None = None, **options: Any

@@ -180,7 +180,7 @@ class ScriptedTransport:
     def route(self, method: str, path: str, *replies: RouteItem) -> None:
         self.routes.set(method, path, *replies)
 
-    def connect(self, timeout: float) -> ScriptedStream:
+    def connect(self, timeout: float, cancel: CancelSignal | None = None) -> ScriptedStream:
         """A connection to the script, nothing sent: `open(..., link=)` sends on it."""
         self._refuse()
         return ScriptedStream(self.clock, self.routes, self.requests)
@@ -250,8 +250,8 @@ class AsyncScriptedTransport(ScriptedTransport):
     """The `AsyncTransport` port over the same scripts (`ScriptedTransport`'s routes, record and
     switches), for the asyncio client on a fake clock."""
 
-    async def connect(self, timeout: float) -> ScriptedStream:  # type: ignore[override]
-        return super().connect(timeout)
+    async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> ScriptedStream:  # type: ignore[override]
+        return super().connect(timeout, cancel)
 
     async def open(  # type: ignore[override]
         self,

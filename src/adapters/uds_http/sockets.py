@@ -28,16 +28,20 @@ import contextlib
 import os
 import socket
 import stat
+import threading
+import time
+from collections.abc import Callable
 
 from adapters.uds_http.response import reason
 from domain.errors import ConnectError
-from ports.transport import TIMED_OUT, TimedOut
+from ports.transport import TIMED_OUT, CancelSignal, TimedOut
 
-__all__ = ["AsyncSocketStream", "SocketStream", "connect_reason", "unix_socket"]
+__all__ = ["AsyncSocketStream", "BacklogWait", "SocketStream", "connect_reason", "unix_socket"]
 
-# The longest a blocking connect may wait (a Unix socket connects at once or is refused; a full
-# accept backlog is the only wait).
+# The longest a connect may wait (a Unix socket connects at once or is refused; a full accept
+# backlog is the only wait), and the pauses between its attempts meanwhile.
 CONNECT_TIMEOUT_S = 5.0
+_FIRST_PAUSE_S, _LAST_PAUSE_S = 0.001, 0.05
 
 
 class SocketStream:
@@ -50,17 +54,27 @@ class SocketStream:
         self._timeout: float | None = None
 
     @classmethod
-    def connect(cls, path: str, timeout: float) -> SocketStream:
-        sock = unix_socket(path)
-        limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+    def connect(cls, path: str, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
+        """A Unix socket connects at once or fails at once, but for a full accept backlog: that
+        is waited out within the limit (`BacklogWait`), and `cancel` ends the wait."""
+        wait = BacklogWait(path, timeout, time.monotonic)
+        woken: threading.Event | None = None
+        unwatch = _nothing
         try:
-            sock.settimeout(limit)
-            sock.connect(path)
-        except (OSError, ValueError) as exc:
-            sock.close()
-            raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
+            while (sock := wait.attempt()) is None:
+                pause = wait.pause(time.monotonic())
+                if cancel is None:
+                    time.sleep(pause)
+                    continue
+                if woken is None:
+                    woken = threading.Event()
+                    unwatch = cancel.on_cancel(woken.set)
+                if woken.wait(pause):
+                    raise wait.cancelled()
+        finally:
+            unwatch()
         stream = cls(sock)
-        stream._timeout = limit  # as set for the connect: a write with the same limit sets nothing
+        stream._timeout = 0.0  # connected non-blocking: a zero-timeout write sets nothing
         return stream
 
     def send_now(self, data: bytes) -> int:
@@ -120,30 +134,15 @@ class AsyncSocketStream:
         self._timer: asyncio.TimerHandle | None = None  # due by the waiting read's deadline
 
     @classmethod
-    async def connect(cls, path: str, timeout: float) -> AsyncSocketStream:
-        """A Unix socket connects at once or fails at once, but for a full accept backlog, which
-        a blocking connect waits out: so does this one, retrying within the same limit."""
+    async def connect(cls, path: str, timeout: float, cancel: CancelSignal | None = None) -> AsyncSocketStream:
+        """`SocketStream.connect` on the loop: a full accept backlog is waited out within the
+        limit (`BacklogWait`); cancelling the task ends the wait (`cancel` is the blocking
+        flavour's way to, here the task's)."""
         loop = asyncio.get_running_loop()
-        limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
-        deadline = loop.time() + limit
-        pause = 0.001
-        while True:
-            sock = unix_socket(path)
-            try:
-                sock.setblocking(False)
-                sock.connect(path)
-            except BlockingIOError as exc:
-                sock.close()
-                left = deadline - loop.time()
-                if left <= 0.0:
-                    raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2, 0.05)
-                continue
-            except (OSError, ValueError) as exc:
-                sock.close()
-                raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
-            return cls(sock)
+        wait = BacklogWait(path, timeout, loop.time)
+        while (sock := wait.attempt()) is None:
+            await asyncio.sleep(wait.pause(loop.time()))
+        return cls(sock)
 
     def send_now(self, data: bytes) -> int:
         try:
@@ -239,6 +238,53 @@ class AsyncSocketStream:
             self._loop.remove_writer(self._fd)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+class BacklogWait:
+    """The one rule of a connect, for both flavours: each attempt is a non-blocking connect that
+    succeeds or fails at once, but for a full accept backlog, which is tried again after a pause
+    doubling from 1 ms to 50 ms, until `timeout` (at most `CONNECT_TIMEOUT_S`) has passed; then
+    it is a `ConnectError` saying so."""
+
+    __slots__ = ("_deadline", "_limit", "_next", "_path")
+
+    def __init__(self, path: str, timeout: float, now: Callable[[], float]) -> None:
+        self._path = path
+        self._limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+        self._deadline = now() + self._limit
+        self._next = _FIRST_PAUSE_S
+
+    def attempt(self) -> socket.socket | None:
+        """A connected non-blocking socket, or None while the backlog is full; `ConnectError`
+        naming the path and what is wrong with it otherwise."""
+        sock = unix_socket(self._path)
+        try:
+            sock.setblocking(False)
+            sock.connect(self._path)
+        except BlockingIOError:
+            sock.close()
+            return None
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise ConnectError(
+                f"cannot connect to {self._path}: {connect_reason(exc, self._limit, self._path)}"
+            ) from exc
+        return sock
+
+    def pause(self, now: float) -> float:
+        """How long to wait before the next attempt; `ConnectError` once the limit has passed."""
+        left = self._deadline - now
+        if left <= 0.0:
+            raise ConnectError(f"cannot connect to {self._path}: the server's accept backlog is full")
+        pause, self._next = min(self._next, left), min(self._next * 2, _LAST_PAUSE_S)
+        return pause
+
+    def cancelled(self) -> ConnectError:
+        return ConnectError(f"cannot connect to {self._path}: cancelled while the server's accept backlog was full")
+
+
+def _nothing() -> None:
+    return None
 
 
 def unix_socket(path: str) -> socket.socket:

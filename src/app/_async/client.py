@@ -131,7 +131,7 @@ class AsyncClient:
                 link = None
                 try:
                     if body is None:
-                        link = await llama.info.link_ahead()  # connecting while the body renders
+                        link = await llama.info.link_ahead(token)  # connecting while the body renders
                         body = await llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
                     async with contextlib.aclosing(steps):

@@ -81,7 +81,7 @@ class AsyncServerInfo:
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "POST", path, body, limits, token)
 
-    async def link_ahead(self) -> Link | None:
+    async def link_ahead(self, token: CancelToken) -> Link | None:
         """A connection for a chat whose body is about to be rendered, made first, so that the
         proxy's accept (and its connection upstream) runs while the body renders; None when
         `render` needs a request first (the slot count unknown) or the connect fails (the chat's
@@ -89,7 +89,7 @@ class AsyncServerInfo:
         if self._total_slots is None:
             return None
         try:
-            return await self._transport.connect(self._limits.poll_ms / 1000.0)
+            return await self._transport.connect(self._limits.poll_ms / 1000.0, token)
         except InferError:
             return None
 

@@ -132,7 +132,7 @@ class Client:
                 link = None
                 try:
                     if body is None:
-                        link = llama.info.link_ahead()  # connecting while the body renders
+                        link = llama.info.link_ahead(token)  # connecting while the body renders
                         body = llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
                     with contextlib.closing(steps):

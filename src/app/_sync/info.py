@@ -82,7 +82,7 @@ class ServerInfo:
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "POST", path, body, limits, token)
 
-    def link_ahead(self) -> Link | None:
+    def link_ahead(self, token: CancelToken) -> Link | None:
         """A connection for a chat whose body is about to be rendered, made first, so that the
         proxy's accept (and its connection upstream) runs while the body renders; None when
         `render` needs a request first (the slot count unknown) or the connect fails (the chat's
@@ -90,7 +90,7 @@ class ServerInfo:
         if self._total_slots is None:
             return None
         try:
-            return self._transport.connect(self._limits.poll_ms / 1000.0)
+            return self._transport.connect(self._limits.poll_ms / 1000.0, token)
         except InferError:
             return None
 

@@ -38,9 +38,9 @@ class AsyncUdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
-    async def connect(self, timeout: float) -> AsyncSocketStream:
+    async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> AsyncSocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return await AsyncSocketStream.connect(self.socket_path, timeout)
+        return await AsyncSocketStream.connect(self.socket_path, timeout, cancel)
 
     async def open(
         self,
@@ -63,7 +63,7 @@ class AsyncUdsTransport:
         # Rendered before connecting, so a malformed request fails first.
         request, stream = render_for(link, AsyncSocketStream, self, method, path, body, self._header_bytes, headers)
         if stream is None:
-            stream = await AsyncSocketStream.connect(self.socket_path, timeout)
+            stream = await AsyncSocketStream.connect(self.socket_path, timeout, cancel)
         return await send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 
 

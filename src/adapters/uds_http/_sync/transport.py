@@ -39,9 +39,9 @@ class UdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
-    def connect(self, timeout: float) -> SocketStream:
+    def connect(self, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return SocketStream.connect(self.socket_path, timeout)
+        return SocketStream.connect(self.socket_path, timeout, cancel)
 
     def open(
         self,
@@ -64,7 +64,7 @@ class UdsTransport:
         # Rendered before connecting, so a malformed request fails first.
         request, stream = render_for(link, SocketStream, self, method, path, body, self._header_bytes, headers)
         if stream is None:
-            stream = SocketStream.connect(self.socket_path, timeout)
+            stream = SocketStream.connect(self.socket_path, timeout, cancel)
         return send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
 
 
