@@ -243,10 +243,25 @@ def _describe(error: Any) -> str:
         return f"{path}: unknown key"
     if kind == "missing":
         return f"{path}: required key is missing"
+    if kind in ("model_type", "dict_type"):  # pydantic would name its own class ("instance of Limits")
+        return f"{path}: must be a table ([{path}] with its keys), not {_toml_type(error.get('input'))}"
     message = str(error["msg"]).removeprefix("Value error, ")
-    if "input" in error and kind not in ("model_type", "dict_type"):
+    if "input" in error:
         return f"{path}: {message} (got {_quote.repr(error['input'])})"
     return f"{path}: {message}"
+
+
+def _toml_type(value: object) -> str:
+    """What a TOML value is, in TOML's words."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array (a [[section]] is an array of tables)"
+    return f"a {type(value).__name__}"
 
 
 def parse_config(data: Mapping[str, Any], source: str = "config") -> Config:

@@ -95,7 +95,9 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
                 # a stopped server closes each connection before any byte), so the next checks
                 # would only wait out the same retries.
                 if isinstance(exc, ConnectError | LoadTimeout | StreamClosedEarly):
-                    unreachable = f"the server is unreachable ({type(exc).__name__})"
+                    cut = isinstance(exc, StreamClosedEarly)  # it answered, or a proxy did, and closed
+                    how = "cuts its connections short" if cut else "is unreachable"
+                    unreachable = f"the server {how} ({type(exc).__name__})"
         report.results.append(result)
         emit(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {_one_line(result.detail)}")
     report.seconds = time.monotonic() - started

@@ -188,8 +188,8 @@ def test_main_against_a_proxy_whose_server_is_down_stops_after_the_first_failed_
     assert lines[0].startswith("FAIL props: StreamClosedEarly: ")
     assert "the server behind the socket is down or restarting" in lines[0]
     assert lines[1:3] == [
-        "FAIL tool call: not run: the server is unreachable (StreamClosedEarly)",
-        "FAIL cache: not run: the server is unreachable (StreamClosedEarly)",
+        "FAIL tool call: not run: the server cuts its connections short (StreamClosedEarly)",
+        "FAIL cache: not run: the server cuts its connections short (StreamClosedEarly)",
     ]
     assert len(recorded(server, CHAT)) == 0
     assert seconds < 1.0

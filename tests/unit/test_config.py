@@ -91,7 +91,10 @@ def test_expect_section_loads_when_present(tmp_path: Path) -> None:
             "expect.chat_template_sha256: String should match pattern",
         ),
         ('socket = "s"\n[sampling]\ntop_p = 2.0\n', "sampling.top_p: Input should be less than or equal to 1"),
-        ('socket = "s"\nlimits = 5\n', "limits: Input should be a valid dictionary"),
+        ('socket = "s"\nlimits = 5\n', "limits: must be a table ([limits] with its keys), not a number"),
+        ('socket = "s"\n[[limits]]\npoll_ms = 1\n', "limits: must be a table ([limits] with its keys), not an array"),
+        ('socket = "s"\nretry = "x"\n', "retry: must be a table ([retry] with its keys), not a string"),
+        ('socket = "s"\nexpect = true\n', "expect: must be a table ([expect] with its keys), not a boolean"),
     ],
 )
 def test_bad_config_names_the_key_and_the_problem(tmp_path: Path, text: str, expected: str) -> None:

@@ -91,6 +91,13 @@ def _path_of_length(folder: Path, size: int) -> str:
         (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "soon"], "must be a number, got"),
         (["--listen", "{dir}/s", "--upstream", "h:1", "--config", "x.toml"], "unrecognized arguments"),
         (["--list", "{dir}/s", "--upstream", "h:1"], "--listen"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--max-conns", "1025"], "--max-conns must be at most 1024"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--max-conns", "9" * 20], "--max-conns must be at most 1024"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--burst", "1000001"], "--burst must be at most 1000000"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "1e-300"], "--rate must be from 0.001 to 1e+06"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--rate", "2e6"], "--rate must be from 0.001 to 1e+06"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "0.001"], "from 0.01 to 86400"),
+        (["--listen", "{dir}/s", "--upstream", "h:1", "--first-byte-timeout", "86401"], "from 0.01 to 86400"),
     ],
 )
 def test_unusable_arguments_raise_one_line_naming_the_problem(tmp_path: Path, argv: list[str], names: str) -> None:
@@ -148,3 +155,18 @@ def test_main_exits_1_and_says_why_when_the_path_is_a_regular_file(
     assert status == 1
     assert err.count("\n") == 1 and "is a regular file, not a socket" in err
     assert path.read_bytes() == b"keep me"
+
+
+def test_the_flags_take_their_bounds(tmp_path: Path) -> None:
+    argv = ["--listen", str(tmp_path / "s"), "--upstream", "h:1", "--max-conns", "1024", "--burst", "1000000"]
+    settings = parse_args([*argv, "--rate", "0.001", "--first-byte-timeout", "86400"])
+    assert settings.limits == ProxyLimits(max_conns=1024, burst=1_000_000, rate=0.001, first_byte_timeout=86400.0)
+
+
+def test_the_help_names_version_and_every_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--version" in text
+    assert "Exit status: 0 after SIGTERM, SIGHUP or SIGINT; 2 for unusable arguments; 1 when the socket file" in text

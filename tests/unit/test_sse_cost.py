@@ -144,8 +144,10 @@ def test_one_byte_reads_of_a_long_line_cost_no_more_cpu_than_of_short_lines() ->
 
         return work
 
-    long_cpu, short_cpu = least_cpu(feed_all(long_chunks), feed_all(short_chunks))
-    assert long_cpu <= 1.5 * short_cpu, f"long line {long_cpu * 1e3:.0f} ms, short lines {short_cpu * 1e3:.0f} ms"
+    # Alike within 5% on a quiet machine; a rescan costs 40x and more. The bound leaves room for
+    # a machine whose other work thrashes the caches of one run and not the other.
+    long_cpu, short_cpu = least_cpu(feed_all(long_chunks), feed_all(short_chunks), repeats=7)
+    assert long_cpu <= 2 * short_cpu, f"long line {long_cpu * 1e3:.0f} ms, short lines {short_cpu * 1e3:.0f} ms"
 
 
 def test_endless_empty_data_lines_are_refused_at_the_line_limit() -> None:

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.piece_bytes is not None and args.piece_bytes < 1:
         parser.error("--piece-bytes must be positive")
+    if not 0.0 <= args.delay_ms < float("inf"):
+        parser.error(f"--delay-ms must be a finite number of 0 or more, got {args.delay_ms:g}")
+    if not 1 <= args.slots <= 4096:
+        parser.error(f"--slots must be from 1 to 4096, got {args.slots}")
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -48,9 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.route("POST", args.path, raw_reply(raw, delay_s=args.delay_ms / 1000, piece_bytes=args.piece_bytes))
     server.route("GET", "/slots", slots_reply([False] * args.slots))
     server.route("GET", "/health", json_reply({"status": "ok"}))
-    with server:
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"cannot listen on {args.socket}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
         print(f"serving {source} ({len(raw)} bytes) on {server.socket_path}", flush=True)
         stop.wait()
+    finally:
+        server.stop()
     print(f"stopped after {len(server.requests)} requests", flush=True)
     return 0
 

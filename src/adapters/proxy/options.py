@@ -18,6 +18,13 @@ from adapters.proxy.socket_file import folder_ending
 
 # sun_path holds 108 bytes on Linux; one is kept for the NUL that C clients write after the path.
 MAX_SOCKET_PATH_BYTES = 107
+# The flags' bounds: past them a value is a typo, not a setting. Each connection holds two threads
+# and up to four descriptors; a rate under one accept in 1,000 s never refills; a first-byte limit
+# under 10 ms closes clients that have not sent at once, one over a day holds a place for ever.
+MAX_CONNS = 1024
+MAX_BURST = 1_000_000
+RATE_RANGE = (0.001, 1_000_000.0)
+FIRST_BYTE_RANGE = (0.01, 86_400.0)
 
 
 class UsageError(Exception):
@@ -65,7 +72,12 @@ def _parser() -> _Parser:
         prog="inferproxy",
         allow_abbrev=False,
         description="Forward each connection on a Unix socket to one TCP connection upstream.",
+        epilog=(
+            "Exit status: 0 after SIGTERM, SIGHUP or SIGINT; 2 for unusable arguments; 1 when the socket"
+            " file cannot be set up (its lock held by another inferproxy, or the path taken)."
+        ),
     )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--listen", required=True, metavar="PATH", help="the Unix socket to create")
     parser.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where to forward to")
     parser.add_argument(
@@ -104,10 +116,10 @@ def parse_args(argv: Sequence[str]) -> Settings:
         listen=check_socket_path(args.listen),
         upstream=parse_upstream(args.upstream),
         limits=ProxyLimits(
-            max_conns=_whole(args.max_conns, "--max-conns"),
-            burst=_whole(args.burst, "--burst"),
-            rate=_above_zero(args.rate, "--rate"),
-            first_byte_timeout=_above_zero(args.first_byte_timeout, "--first-byte-timeout"),
+            max_conns=_whole(args.max_conns, "--max-conns", MAX_CONNS),
+            burst=_whole(args.burst, "--burst", MAX_BURST),
+            rate=_within(args.rate, "--rate", *RATE_RANGE),
+            first_byte_timeout=_within(args.first_byte_timeout, "--first-byte-timeout", *FIRST_BYTE_RANGE),
         ),
     )
 
@@ -176,21 +188,25 @@ def check_socket_path(path: str) -> str:
     return path
 
 
-def _whole(text: str, flag: str) -> int:
+def _whole(text: str, flag: str, most: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise UsageError(f"{flag} must be a whole number, got {text!r}") from None
     if value < 1:
         raise UsageError(f"{flag} must be at least 1, got {value}")
+    if value > most:
+        raise UsageError(f"{flag} must be at most {most}, got {value}")
     return value
 
 
-def _above_zero(text: str, flag: str) -> float:
+def _within(text: str, flag: str, least: float, most: float) -> float:
     try:
         value = float(text)
     except ValueError:
         raise UsageError(f"{flag} must be a number, got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{flag} must be a number above 0, got {text!r}")
+    if not least <= value <= most:
+        raise UsageError(f"{flag} must be from {least:g} to {most:g}, got {text!r}")
     return value
