@@ -13,6 +13,7 @@ it the same way:
             PostReasoningEnd -> post reasoning_end for step.completion_id, then emit
                                 stream.control_answered(refusal) (raises ThinkingOverrun)
             Completion       -> the answer: return it
+            Stalled          -> the silence limit passed: as the timeout's, re-attach or raise
             InferError       -> raise it
 
 Invariants:
@@ -21,11 +22,14 @@ Invariants:
   can change the answer, and an error comes after the events that preceded it on the wire.
 - The liveness rule: the silence limit restarts only when a feed advanced the generation (the
   assembler's `advanced`, see `domain.assembler`); a feed that brings nothing new, or a keep-alive
-  comment, moves no deadline, and once the limit is reached it ends in `Stalled`.
+  comment, moves no deadline, and once the limit is reached it ends in `Stalled`: raised by
+  `silence` after a read that timed out, the last step of a `feed` whose bytes came too late
+  (pings past the limit). Either way the stream is stalled, not over: `resumed` goes on with it.
 - The thinking cap is checked after every chunk that advanced while reasoning; its decision is
   a `PostReasoningEnd` step, so the control call is made right after the chunk that reached the
   cap and before the next chunk is handed out.
-- After a `Completion` or an error the stream is over: feeding it again is a `ProtocolError`.
+- After a `Completion` or an error the stream is over, and after a stall until it is resumed:
+  feeding it then is a `ProtocolError`.
 - Progress is bounded by numbers the client knows, never by the server's word alone: the
   `predicted_n` that counts is at most `max_tokens` (what the request asked for), and the
   `prompt_progress` that counts is at most `max_prompt_tokens` (`prompt_token_bound`), so a
@@ -157,8 +161,9 @@ class ChatStream:
             return out
         if advanced:
             self._liveness.on_data(now)
-        elif self._liveness.expired(now):
-            return self._end(out, self._liveness.error(now))
+        elif self._liveness.expired(now):  # bytes that advance nothing, come past the limit: a stall
+            self._stalled = True  # as a silent read's, and resumable as one
+            out.append(self._liveness.error(now))
         return out
 
     def control_answered(self, refusal: str | None) -> ThinkingCapped:

@@ -102,6 +102,23 @@ def test_tokens_past_max_tokens_are_no_progress_and_the_silence_ends_in_stalled(
         stream.feed(timings(13), now=2.1)
 
 
+@pytest.mark.parametrize("how", ["a read that timed out", "bytes that came too late"])
+def test_a_stall_either_way_is_resumed_by_a_re_attach_and_the_stream_goes_on(how: str) -> None:
+    stream = ChatStream(limits(), max_tokens=10, now=0.0)
+    assert stream.feed(reasoning("a"), now=0.5) == [Reasoning("a")]
+    if how == "a read that timed out":
+        with pytest.raises(Stalled):
+            stream.silence(1.5)
+    else:
+        steps = stream.feed(b": ping\n\n", now=1.5)
+        assert len(steps) == 1 and isinstance(steps[0], Stalled)
+    with pytest.raises(ProtocolError, match=OVER):
+        stream.feed(reasoning("b"), now=1.6)  # stalled: nothing until it is resumed
+    stream.resumed(2.0)
+    assert stream.feed(reasoning("b"), now=2.1) == [Reasoning("b")]
+    assert stream.timeout(2.1) == pytest.approx(1.0)  # the silence restarted at the chunk
+
+
 def test_done_before_the_final_chunk_ends_the_stream_at_once() -> None:
     stream = ChatStream(limits(), max_tokens=10, now=0.0)
     steps = stream.feed(reasoning("a") + b"data: [DONE]\n\n", now=0.1)

@@ -34,7 +34,7 @@ from adapters.fake_server import (
     silence,
     sse_reply,
 )
-from adapters.fake_server.script import RouteSpec
+from adapters.fake_server.script import RouteSpec, sse_event
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from client_support import CHAT, CONTROL, EXPECT, SLOTS, Kind, overridden
@@ -125,6 +125,8 @@ def rig_for(client_kind: Kind) -> Iterator[Callable[..., Rig]]:
 ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
 ANSWER_EVENTS: list[ChatEvent] = [Content("Hi"), Content("!")]
 COMPLETION = Completion(CID, "Hi!", None, (), FinishReason.STOP, Timings(3, 39, 2), 0, False)
+STOP = ("DELETE", "/v1/stream")
+REATTACH = ("GET", "/v1/stream")
 
 
 # -- the first-byte wait, at the brief's limits -----------------------------------------------------
@@ -278,6 +280,27 @@ def test_keep_alive_comments_move_no_deadline(rig_for: Callable[..., Rig]) -> No
     assert rig.clock.now() == pytest.approx(37.0)
 
 
+def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_attach(
+    rig_for: Callable[..., Rig],
+) -> None:
+    # The chunk at 15 s, then pings 15 s apart: the second lands exactly at the 30 s limit, so the
+    # limit is found in the bytes that came, not by a read's timeout. It is the same stall: the
+    # body is picked up from the bytes consumed, and the answer is whole.
+    pings = [b": ping\n\n"] * 4
+    cut = sse_reply([ANSWER[0], *pings], delay_s=15.0, done=False, end=End.SILENCE)
+    rig = rig_for({CHAT: cut, REATTACH: sse_reply(ANSWER[1:]), STOP: json_reply({})})
+
+    completion = rig.chat()
+
+    assert completion == COMPLETION
+    (retrying,) = [e for e in rig.events if isinstance(e, Retrying)]
+    assert retrying.error == "Stalled: no data for 30000 ms (liveness limit 30000 ms)"
+    assert [e for e in rig.events if not isinstance(e, Retrying)] == ANSWER_EVENTS
+    chat, reattach = rig.transport.requests
+    consumed = len(b"".join(sse_event(c) for c in ANSWER[:1])) + 2 * len(pings[0])
+    assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={consumed}"
+
+
 def test_a_long_prompt_reporting_progress_has_no_total_deadline(rig_for: Callable[..., Rig]) -> None:
     # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer. The
     # slot holds the 30000-token prompt (progress past the slot's n_ctx would keep nothing alive).
@@ -340,10 +363,6 @@ def test_retries_stop_before_a_wait_that_would_pass_five_minutes(rig_for: Callab
     # Each attempt gave up on a request the server may have queued: each is stopped.
     stops = [r.target for r in rig.transport.requests if r.method == "DELETE"]
     assert stops == [f"/v1/stream?conv_id={r.header('x-conversation-id')}" for r in chats]
-
-
-STOP = ("DELETE", "/v1/stream")
-REATTACH = ("GET", "/v1/stream")
 
 
 @pytest.mark.parametrize(

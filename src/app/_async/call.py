@@ -150,7 +150,8 @@ class AsyncLlamaCalls:
                 read = exchange.read
                 now = clock.now
                 consumed = flight.consumed
-                while True:  # the stream, read by read: the hot path
+                cut = None
+                while cut is None:  # the stream, read by read: the hot path
                     try:
                         data = await read(stream.timeout(now()))
                         if isinstance(data, TimedOut):
@@ -167,7 +168,9 @@ class AsyncLlamaCalls:
                             log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
                             yield stream.control_answered(refusal)
                         elif isinstance(step, InferError):
-                            raise step
+                            if not isinstance(step, Stalled):
+                                raise step
+                            flight.consumed, cut = consumed, step  # late bytes past the limit: a stall
                         elif isinstance(step, Completion):
                             flight.landed()
                             self.cache.landed(req, body, rendered, prediction, step)
@@ -214,8 +217,7 @@ class AsyncLlamaCalls:
     async def _after_break(
         self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
     ) -> AsyncGenerator[Retrying, None]:
-        """The connection broke (or stalled, or a re-attach could not be made): before the head,
-        `broke` is raised; after it, the `Retrying` of the re-attach to come, then its wait."""
+        """A break (a cut, a stall, a failed re-attach): raised before the head, else a `Retrying` and its wait."""
         event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
         yield event
         await self._clock.sleep(event.after_ms / 1000.0, token)
@@ -263,8 +265,7 @@ class AsyncLlamaCalls:
         flight.take_off(conversation, exchange, stream, now)
 
     async def _reattach(self, flight: Flight, token: CancelToken) -> None:
-        """The rest of the body from the bytes the flight consumed, on a new connection;
-        `Refused` when the server cannot give it (404, 400)."""
+        """The rest of the body from the bytes consumed, on a new connection; `Refused`: 404, 400."""
         assert flight.conversation is not None and flight.stream is not None
         wait = self._limits.reattach_wait_s
         path = reattach_path(flight.conversation, flight.consumed)
@@ -284,8 +285,7 @@ class AsyncLlamaCalls:
         flight.stream.resumed(self._clock.now())
 
     async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:
-        """A head that does not start an event stream raises: `HttpError` with its body, or the
-        `ProtocolError` of a whole answer where a stream was asked for."""
+        """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
         limits = self._limits
         clock = self._clock
         if head.status != 200:
