@@ -7,8 +7,12 @@ while the task waits inside the call. Both:
 
 - are iterated once: the events, then `.completion`; a finished stream iterated again yields
   nothing and keeps its `.completion`;
-- end the call at once when left early (a `break`, an exception, `close()`/`aclose()`, leaving the
-  `with` block): its connection is closed, which stops the generation, and the slot given back;
+- end the call when left early (a `break`, an exception, `close()`/`aclose()`, leaving the `with`
+  block): its connection is closed, its generation stopped and its slot given back; at once in the
+  blocking flavour, on the loop's next turn for an asyncio loop left early (which nothing can
+  await; `aclose()` and the `async with` wait for it), and the stream yields nothing more;
+- end a loop that another thread or task closes the stream under (or its own body does) with
+  `Cancelled` (`CLOSED_WHILE_READ`): a loop never ends as if the answer had come whole;
 - raise the call's `InferError` from the loop, and a cancelled token's `Cancelled` (or
   `ClientClosed`) at the next step if it was cancelled while the consumer ran its own code.
 """
@@ -16,13 +20,14 @@ while the task waits inside the call. Both:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator
 from types import TracebackType
 
 from app.calls import TaskLink
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import RequestError
+from domain.errors import Cancelled, RequestError
 from domain.events import ChatEvent
 
 __all__ = ["AsyncEventStream", "EventStream", "Step", "check_sink", "emit"]
@@ -46,13 +51,21 @@ def emit(on_event: Callable[[ChatEvent], None], event: ChatEvent) -> None:
         raise RuntimeError(f"on_event raised StopIteration on {type(event).__name__}") from exc
 
 
+# Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or
+# its own body): it never ends as if the answer had come whole.
+CLOSED_WHILE_READ = "the stream was closed while it was being read"
+_closing: set[asyncio.Task[None]] = set()  # the closes a dropped loop scheduled, kept till they end
+
+
 class _Facade:
-    __slots__ = ("_completion", "_over", "_token")
+    __slots__ = ("_completion", "_cut", "_looping", "_over", "_token")
 
     def __init__(self) -> None:
         self._token = CancelToken()
         self._completion: Completion | None = None
         self._over = False
+        self._looping = 0  # loops running over it
+        self._cut = False  # closed while a loop ran: that loop (and any later) raises
 
     @property
     def completion(self) -> Completion:
@@ -61,9 +74,25 @@ class _Facade:
             raise RuntimeError("the stream has no completion: iterate it to its end first")
         return self._completion
 
+    def _closed_from_elsewhere(self, running: bool) -> bool:
+        """A close while the call runs in another thread or task (`running`): the call is
+        cancelled, which ends that read with `Cancelled`, and the reader ends the call (True).
+        Otherwise a loop that is running is marked cut, and the caller ends the call (False)."""
+        if running:
+            self._token.cancel(Cancelled(CLOSED_WHILE_READ))
+            return True
+        if self._looping and not self._over:
+            self._cut = True
+        return False
+
+    def _ended(self) -> StopIteration | StopAsyncIteration | Cancelled:
+        """What a loop over an ended stream meets: its end, or `Cancelled` if it was cut."""
+        return Cancelled(CLOSED_WHILE_READ) if self._cut else StopIteration()
+
 
 class EventStream(_Facade):
-    """`with client.stream(req) as s: for event in s: ...`, then `s.completion`."""
+    """`with client.stream(req) as s: for event in s: ...`, then `s.completion`. `close()` may
+    come from any thread: a loop it cuts short raises `Cancelled`."""
 
     __slots__ = ("_steps",)
 
@@ -81,6 +110,7 @@ class EventStream(_Facade):
 
     def __iter__(self) -> Iterator[ChatEvent]:
         """The events; leaving the loop early (`break`) closes the call at once."""
+        self._looping += 1
         try:
             while True:
                 try:
@@ -89,45 +119,56 @@ class EventStream(_Facade):
                     return
                 yield event
         finally:
-            self.close()
+            self._looping -= 1
+            self._end()
 
     def __next__(self) -> ChatEvent:
         if self._over:
-            raise StopIteration
+            raise self._ended()
         if self._token.cancelled:  # cancelled while the consumer ran its own code
-            self.close()
+            self._end()
             raise self._token.error()
         try:
             step = next(self._steps)
         except StopIteration:  # pragma: no cover - the steps end with their Completion
-            self.close()
+            self._end()
             raise RuntimeError("the call ended without a completion") from None
         except BaseException:
-            self.close()
+            self._end()
             raise
         if isinstance(step, Completion):
             self._completion = step
-            self.close()
+            self._end()
             raise StopIteration
         return step
 
     def close(self) -> None:
-        """End the call now if it has not ended (idempotent)."""
+        """End the call now if it has not ended (idempotent); from another thread while the
+        loop waits inside the call, by cancelling it (the loop raises `Cancelled`)."""
+        running: bool = getattr(self._steps, "gi_running", False)  # inside the call, in another thread
+        if not self._closed_from_elsewhere(running):
+            self._end()
+
+    def _end(self) -> None:
         self._over = True
         self._steps.close()
 
 
 class AsyncEventStream(_Facade):
     """`async with client.stream(req) as s: async for event in s: ...`, then `s.completion`.
-    Cancelling the task that iterates ends the call too (`asyncio.CancelledError`)."""
+    Cancelling the task that iterates ends the call too (`asyncio.CancelledError`); so does
+    leaving the loop early (`break`, an exception): no more events, and the call closed on the
+    loop's next turn (awaited by `aclose()` and the `async with`). `aclose()` from another task:
+    a loop it cuts short raises `Cancelled`."""
 
-    __slots__ = ("_link", "_make", "_steps")
+    __slots__ = ("_closer", "_link", "_make", "_steps")
 
     def __init__(self, steps: Callable[[CancelToken], AsyncGenerator[Step, None]]) -> None:
         super().__init__()
         self._make = steps
         self._steps: AsyncGenerator[Step, None] | None = None
         self._link: TaskLink | None = None
+        self._closer: asyncio.Task[None] | None = None  # the close a loop left early scheduled
 
     async def __aenter__(self) -> AsyncEventStream:
         return self
@@ -137,46 +178,105 @@ class AsyncEventStream(_Facade):
     ) -> None:
         await self.aclose()
 
-    def __aiter__(self) -> AsyncEventStream:
-        return self
+    def __aiter__(self) -> _Loop:
+        return _Loop(self)
 
     async def __anext__(self) -> ChatEvent:
         if self._over:
-            raise StopAsyncIteration
+            ended = self._ended()
+            raise StopAsyncIteration if isinstance(ended, StopIteration) else ended
         steps, link = self._steps, self._link
         if steps is None or link is None:
             steps = self._steps = self._make(self._token)
             link = self._link = TaskLink(self._token)
         if self._token.cancelled:  # cancelled while the consumer ran its own code
-            await self.aclose()
+            await self._end()
             raise self._token.error()
         link.enter()
         try:
             step = await steps.__anext__()
         except asyncio.CancelledError as cancelled:
-            await self.aclose()
+            await self._end()
             raise link.error(cancelled) from None
         except BaseException:
             await link.absorb()
-            await self.aclose()
+            await self._end()
             raise
         if link.poked:  # the cancel came as the step was made: it is not handed out
             await link.absorb()
-            await self.aclose()
+            await self._end()
             raise self._token.error()
         link.leave()
         if isinstance(step, Completion):
             self._completion = step
-            await self.aclose()
+            await self._end()
             raise StopAsyncIteration
         return step
 
     async def aclose(self) -> None:
-        """End the call now if it has not ended (idempotent)."""
-        if self._over:
+        """End the call now if it has not ended (idempotent); from another task while a loop
+        waits inside the call, by cancelling it (that loop raises `Cancelled`)."""
+        if self._closer is not None:
+            await asyncio.shield(self._closer)
+            return
+        running: bool = getattr(self._steps, "ag_running", False)  # inside the call, in another task
+        if not self._over and not self._closed_from_elsewhere(running):
+            await self._end()
+
+    async def _end(self) -> None:
+        if self._over and self._closer is None:
             return
         self._over = True
         if self._link is not None:
             self._link.close()
         if self._steps is not None:
             await self._steps.aclose()  # its `finally` closes, gives the slot back, forgets the call
+
+    def _left(self) -> None:
+        """A loop over it was left before the end: no more events, and the call ended on the
+        loop's next turn (the blocking flavour's loop ends it at once, which asyncio cannot)."""
+        self._looping -= 1
+        if self._over or self._steps is None or self._link is None:
+            self._over = True
+            return
+        self._over = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the generator's finalizer ends it
+            closer = self._link.loop.create_task(self._end())
+            self._closer = closer
+            _closing.add(closer)
+            closer.add_done_callback(_closing.discard)
+
+
+class _Loop:
+    """One `async for` over an `AsyncEventStream`. Dropped before the stream ended (a `break`, an
+    exception), it ends the call, as the blocking flavour's loop does."""
+
+    __slots__ = ("_done", "_stream")
+
+    def __init__(self, stream: AsyncEventStream) -> None:
+        self._stream = stream
+        self._done = False
+        stream._looping += 1
+
+    def __aiter__(self) -> _Loop:
+        return self
+
+    async def __anext__(self) -> ChatEvent:
+        try:
+            return await self._stream.__anext__()
+        except BaseException:
+            self._leave(ended=True)
+            raise
+
+    def _leave(self, *, ended: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        if ended:
+            self._stream._looping -= 1
+        else:
+            self._stream._left()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._leave(ended=False)

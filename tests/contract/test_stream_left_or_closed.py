@@ -1,0 +1,163 @@
+"""A stream's loop left early, and a stream closed while another thread or task reads it, in both
+flavours: a `break` ends the call (its generation stopped with a `DELETE`, its slot given back)
+and the stream yields nothing more; a close from elsewhere ends the reader's loop with
+`Cancelled`, never as if the answer had come whole."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from adapters.fake_server import FakeServer, sse_reply
+from app.container import Container
+from app.event_stream import CLOSED_WHILE_READ
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, chunk, config_for, recorded
+from domain.errors import Cancelled
+from domain.events import ChatEvent, Content
+
+pytestmark = pytest.mark.timeout(20)
+
+STOP = ("DELETE", "/v1/stream")
+# Twenty words 50 ms apart: a second of streaming, ended early by every test.
+SLOW = sse_reply([chunk({"content": f" w{n}"}, n=n) for n in range(1, 21)], delay_s=0.05)
+
+
+def ignore(event: ChatEvent) -> None:
+    return None
+
+
+def serving(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW, sse_reply(ANSWER))
+
+
+def until(condition: object, within_s: float = 3.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.002)
+
+
+async def until_async(condition: object, within_s: float = 3.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.002)
+
+
+# -- the blocking flavour ---------------------------------------------------------------------------
+
+
+def test_a_break_ends_the_call_at_once_and_the_stream_yields_nothing_more(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).client()
+    with client.stream(REQ) as stream:
+        for event in stream:
+            assert isinstance(event, Content)
+            break
+        assert len(recorded(server, STOP)) == 1, "stopped at the break, inside the with"
+        assert client._gate.waiting(0) == 0
+        assert list(stream) == []
+    with pytest.raises(RuntimeError, match="no completion"):
+        _ = stream.completion
+    assert client.chat(REQ, ignore) == ANSWER_COMPLETION, "the slot was given back"
+    client.close()
+
+
+@pytest.mark.parametrize("where", ["inside the call", "in its own code"])
+def test_a_close_from_another_thread_ends_the_readers_loop_with_cancelled(server: FakeServer, where: str) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).client()
+    stream = client.stream(REQ)
+    first = threading.Event()
+    closed = threading.Event()
+    seen: list[ChatEvent] = []
+
+    def close_it() -> None:
+        assert first.wait(3.0)
+        stream.close()
+        closed.set()
+
+    closer = threading.Thread(target=close_it)
+    closer.start()
+    with pytest.raises(Cancelled, match=CLOSED_WHILE_READ):
+        for event in stream:
+            seen.append(event)
+            first.set()
+            if where == "in its own code":
+                assert closed.wait(3.0)  # the close lands between two events
+    closer.join(3.0)
+    assert 0 < len(seen) < 20
+    until(lambda: len(recorded(server, STOP)) == 1)
+    assert client.chat(REQ, ignore) == ANSWER_COMPLETION
+    client.close()
+
+
+# -- asyncio --------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_an_async_break_ends_the_call_and_the_stream_yields_nothing_more(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    async with client.stream(REQ) as stream:
+        async for event in stream:
+            assert isinstance(event, Content)
+            break
+        await until_async(lambda: len(recorded(server, STOP)) == 1)  # on the loop's next turns
+        assert [event async for event in stream] == []
+    with pytest.raises(RuntimeError, match="no completion"):
+        _ = stream.completion
+    assert await client.chat(REQ, ignore) == ANSWER_COMPLETION, "the slot was given back"
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_an_async_break_without_with_gives_the_slot_back(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path, busy_wait_ms=150)).async_client()
+    stream = client.stream(REQ)
+    async for _event in stream:
+        break
+    # The next call on the slot is not held up by the one left: no WaitTimeout at the gate.
+    assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
+    assert len(recorded(server, STOP)) == 1
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_leaving_the_with_block_after_a_break_waits_for_the_call_to_end(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    async with client.stream(REQ) as stream:
+        async for _event in stream:
+            break
+    (stop,) = recorded(server, STOP)  # sent before the block was left
+    assert stop.method == "DELETE"
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_an_aclose_from_another_task_ends_the_readers_loop_with_cancelled(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    stream = client.stream(REQ)
+    first = asyncio.Event()
+    seen: list[ChatEvent] = []
+
+    async def read() -> None:
+        async for event in stream:
+            seen.append(event)
+            first.set()
+
+    reader = asyncio.ensure_future(read())
+    await first.wait()
+    await stream.aclose()
+    with pytest.raises(Cancelled, match=CLOSED_WHILE_READ):
+        await reader
+    assert 0 < len(seen) < 20
+    await until_async(lambda: len(recorded(server, STOP)) == 1)
+    assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
+    await client.aclose()
