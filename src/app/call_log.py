@@ -11,7 +11,7 @@ from domain.errors import InferError, loggable
 from domain.events import Retrying
 from domain.retry import Attempts
 
-__all__ = ["log_done", "retrying"]
+__all__ = ["log_done", "resent_at_once", "retrying"]
 
 log = logging.getLogger("inferpath.client")
 
@@ -53,4 +53,17 @@ def retrying(slot: int, attempts: Attempts, error: InferError, now: float, *, of
         attempts.policy.attempts,
         attempts.waits_left_ms(now),
     )
-    return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=f"{type(error).__name__}: {error}")
+    error_text = f"{type(error).__name__}: {error}"
+    return Retrying(attempt=decision.attempt, after_ms=decision.after_ms, error=error_text, resend=offset is None)
+
+
+def resent_at_once(slot: int, attempts: Attempts, cut: InferError) -> Retrying:
+    """The `Retrying` of a re-attach the server refused (it forgot the conversation, or the
+    offset left its ring): the running attempt sends the request again at once (logged)."""
+    log.warning(
+        "slot %d: re-send at once within attempt %d after %s: the server cannot give the rest of the stream",
+        slot,
+        attempts.number,
+        loggable(cut),
+    )
+    return Retrying(attempt=attempts.number, after_ms=0, error=f"{type(cut).__name__}: {cut}", resend=True)

@@ -59,9 +59,15 @@ class ThinkingCapped:
 
 @dataclass(frozen=True, slots=True)
 class Retrying:
+    """The running attempt failed with `error`; attempt `attempt` follows in `after_ms`. With
+    `resend`, it sends the request again: its events start from the beginning, and what the call
+    emitted before this one is superseded (an answer shown so far is to be cleared). Without, it
+    re-attaches: the events go on where they broke, none repeated."""
+
     attempt: int
     after_ms: int
     error: str
+    resend: bool = False
 
 
 class CacheCause(enum.Enum):

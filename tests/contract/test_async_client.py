@@ -165,7 +165,7 @@ async def test_chat_with_retry_retries_with_the_same_bytes(server: FakeServer) -
 
     assert completion == ANSWER_COMPLETION
     assert [type(e) for e in events] == [Retrying, *(type(e) for e in ANSWER_EVENTS)]
-    assert events[0] == Retrying(attempt=2, after_ms=50, error=events[0].error)  # type: ignore[union-attr]
+    assert events[0] == Retrying(attempt=2, after_ms=50, error=events[0].error, resend=True)  # type: ignore[union-attr]
     first, second = recorded(server, CHAT)
     assert first.body == second.body
 

@@ -76,7 +76,7 @@ def test_a_retry_wait_frees_the_slot_and_the_retry_queues_behind_the_caller_who_
             assert not b.is_alive()
 
     assert completion == ANSWER_COMPLETION
-    assert a_events == [Retrying(2, 50, LOADING_ERROR), Queued(1), *ANSWER_EVENTS]
+    assert a_events == [Retrying(2, 50, LOADING_ERROR, resend=True), Queued(1), *ANSWER_EVENTS]
     assert b_outcome == [ANSWER_COMPLETION]
     assert b_events == ANSWER_EVENTS
     a_first, b_request, a_retry = recorded(server, CHAT)

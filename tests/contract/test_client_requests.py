@@ -126,6 +126,7 @@ def test_http_503_then_success_emits_one_retrying_then_the_completion(server: Fa
         attempt=2,
         after_ms=50,
         error='HttpError: HTTP 503: {"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}',
+        resend=True,
     )
     assert events == [retry, *ANSWER_EVENTS]
     first, second = recorded(server, CHAT)
@@ -143,11 +144,13 @@ def test_a_cut_stream_is_retried_with_a_byte_identical_body(server: FakeServer, 
 
     assert completion == ANSWER_COMPLETION
     assert events[:2] == ANSWER_EVENTS[:2]
-    retry = events[2]
-    assert isinstance(retry, Retrying)
-    assert (retry.attempt, retry.after_ms) == (2, 50)
+    retry, resent = events[2:4]
+    assert isinstance(retry, Retrying) and isinstance(resent, Retrying)
+    assert (retry.attempt, retry.after_ms, retry.resend) == (2, 50, False)  # a re-attach first
     assert retry.error.startswith("StreamClosedEarly: POST /v1/chat/completions: connection closed")
-    assert events[3:] == ANSWER_EVENTS
+    # Refused: the request again at once, and the events from the start, said by the re-send.
+    assert (resent.attempt, resent.after_ms, resent.resend) == (2, 0, True)
+    assert events[4:] == ANSWER_EVENTS
     first, second = recorded(server, CHAT)
     assert first.body == second.body
     # The same request under a new conversation id: this server refused the re-attach (no replay).
@@ -164,8 +167,10 @@ def test_a_stalled_stream_is_retried(server: FakeServer, client_kind: Kind) -> N
 
     assert client_kind.client_for(server).chat_with_retry(REQ, events.append) == ANSWER_COMPLETION
 
-    assert [type(e).__name__ for e in events] == ["Progress", "Content", "Retrying", "Progress", "Content", "Content"]
+    names = ["Progress", "Content", "Retrying", "Retrying", "Progress", "Content", "Content"]
+    assert [type(e).__name__ for e in events] == names
     assert isinstance(events[2], Retrying) and events[2].error.startswith("Stalled: no data for")
+    assert isinstance(events[3], Retrying) and events[3].resend, "the re-send that follows the refused re-attach"
     first, second = recorded(server, CHAT)
     assert first.client_closed.wait(2.0), "the stalled connection is closed before the retry"
     assert first.closed_at is not None and first.closed_at <= second.time

@@ -14,6 +14,7 @@ the fake server's `ReplayRing`, over both clients.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 
@@ -105,8 +106,9 @@ def test_every_request_carries_a_fresh_128_bit_conversation_id(server: FakeServe
 
 @pytest.mark.parametrize("refusal", ["forgotten", "offset lost"])
 def test_a_refused_re_attach_sends_the_request_again_under_a_new_id(
-    server: FakeServer, client_kind: Kind, refusal: str
+    server: FakeServer, client_kind: Kind, refusal: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="inferpath")
     ring = served(server, ReplayRing(LONG, cut_after=2048))
     if refusal == "forgotten":
         original = ring.reattach
@@ -122,7 +124,17 @@ def test_a_refused_re_attach_sends_the_request_again_under_a_new_id(
     assert first.body == second.body, "the very same bytes"
     assert ring.conversations[0] != ring.conversations[1]
     assert ring.stopped[:1] == [ring.conversations[0]], "the first generation is stopped before the second"
-    assert sum(isinstance(e, Retrying) for e in events) == 1
+    # The re-attach's Retrying, then the re-send's at once: the events after it start over, and a
+    # caller that shows the answer as it comes knows to clear what it showed.
+    reattach, resend = (e for e in events if isinstance(e, Retrying))
+    assert (reattach.resend, resend.resend, resend.after_ms) == (False, True, 0)
+    after = events[events.index(resend) + 1 :]
+    assert content(after) == LONG_TEXT, "the answer from its start, once"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(": ", 1)[1].split(" after ")[0] for w in warnings] == [
+        "re-attach from body byte 2048 as attempt 2 in 50 ms",
+        "re-send at once within attempt 2",
+    ]
 
 
 def test_a_clean_end_without_the_final_chunk_is_sent_again_not_re_attached(

@@ -354,7 +354,11 @@ def test_retries_stop_before_a_wait_that_would_pass_five_minutes(rig_for: Callab
     with pytest.raises(LoadTimeout):
         rig.chat(retry=True)
 
-    assert rig.events == [*[Waiting(False)] * 36, Retrying(2, 2000, rig.events[36].error), *[Waiting(False)] * 36]
+    assert rig.events == [
+        *[Waiting(False)] * 36,
+        Retrying(2, 2000, rig.events[36].error, resend=True),
+        *[Waiting(False)] * 36,
+    ]
     retry = rig.events[36]
     assert isinstance(retry, Retrying) and retry.error.startswith("LoadTimeout: slot 1 was unavailable")
     assert rig.clock.now() == pytest.approx(362.0)
@@ -390,7 +394,10 @@ def test_what_is_retried(
         assert rig.chat(retry=True) == COMPLETION
         first_body, second_body = (r.body for r in rig.transport.requests if (r.method, r.path) == CHAT)
         assert first_body == second_body == rig.client.render(REQ)
-        assert sum(isinstance(e, Retrying) for e in rig.events) == 1
+        retries = [e for e in rig.events if isinstance(e, Retrying)]
+        # A cut is re-attached first (refused here), then sent again at once: two, the last a re-send.
+        assert [e.resend for e in retries] == ([False, True] if REATTACH in besides else [True])
+        assert retries[-1].after_ms == (0 if REATTACH in besides else retries[-1].after_ms)
     else:
         with pytest.raises((HttpError, ProtocolError)):
             rig.chat(retry=True)

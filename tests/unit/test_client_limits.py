@@ -31,7 +31,7 @@ def test_a_retry_is_judged_by_the_milliseconds_spent_so_far(
     with caplog.at_level(logging.WARNING, logger="inferpath.client"):
         completion = client.chat_with_retry(REQ, events.append)
     assert completion.content == "Hi!"
-    assert events[0] == Retrying(attempt=2, after_ms=999, error="HttpError: HTTP 503: {}")
+    assert events[0] == Retrying(attempt=2, after_ms=999, error="HttpError: HTTP 503: {}", resend=True)
     assert [r.getMessage() for r in caplog.records] == [
         "slot 1: re-send as attempt 2 in 999 ms after HttpError (HTTP 503) "
         "(attempt 2 of 2; at most 999 ms of waits left)"

@@ -96,7 +96,12 @@ def test_events_are_frozen_with_the_briefs_field_names() -> None:
         "Content": ["text"],
         "ToolCallDelta": ["index", "id", "name", "arguments"],
         "ThinkingCapped": ["tokens"],
-        "Retrying": ["attempt", "after_ms", "error"],
+        "Retrying": [
+            "attempt",
+            "after_ms",
+            "error",
+            "resend",
+        ],  # the brief's fields first, so Retrying(2, 50, e) still builds
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         events[0].ahead = 3  # type: ignore[misc]

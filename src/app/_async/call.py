@@ -37,7 +37,7 @@ from app._async.fetch import error_body, fetch
 from app._async.flight import Flight, Refused
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
-from app.call_log import retrying
+from app.call_log import resent_at_once, retrying
 from app.calls import AsyncUncut
 from app.event_stream import Step
 from app.slot_queue import AsyncSlotQueue
@@ -193,9 +193,8 @@ class AsyncLlamaCalls:
     async def _take_off(
         self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
     ) -> AsyncGenerator[Waiting | Retrying, None]:
-        """Until the flight has a connection to read: the request sent under a new id (its
-        `Waiting` events), or a re-attach from the bytes consumed, each failure of the latter a
-        `Retrying` and its wait; a refused re-attach sends the request again if `resend`."""
+        """Until the flight has a connection to read: the request under a new id (`Waiting`), or a
+        re-attach (each failure a `Retrying`, its wait); a refused one re-sends, if `resend`."""
         while True:
             try:
                 if flight.stream is None:  # a request, under a new id
@@ -213,6 +212,7 @@ class AsyncLlamaCalls:
                     raise cut from None
                 if flight.generating is not None:  # a lost offset: it may still be running
                     await self._stop(flight.generating)
+                yield resent_at_once(req.slot, attempts, cut)
 
     async def _after_break(
         self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
