@@ -137,6 +137,28 @@ def test_a_refused_re_attach_sends_the_request_again_under_a_new_id(
     ]
 
 
+@pytest.mark.parametrize("retry", [False, True], ids=["chat", "chat_with_retry"])
+def test_re_attaches_that_cannot_connect_end_in_the_cut_not_a_connect_error(
+    server: FakeServer, client_kind: Kind, retry: bool
+) -> None:
+    # The server goes away with the stream half sent: every re-attach finds no socket. The call
+    # ends as the error table says of a stream that could not be picked up again.
+    served(server, ReplayRing(LONG, cut_after=900))
+    client = client_kind.client_for(server)
+    retries: list[Retrying] = []
+
+    def on_event(event: ChatEvent) -> None:
+        if isinstance(event, Retrying):
+            retries.append(event)
+            server.stop()  # before the first re-attach
+
+    with pytest.raises(StreamClosedEarly, match="the stream could not be picked up again: cannot connect to"):
+        (client.chat_with_retry if retry else client.chat)(REQ, on_event)
+    assert len(retries) == 3, "every attempt left was a re-attach"
+    assert all(not r.resend for r in retries)
+    assert retries[1].error.startswith("StreamClosedEarly: the stream could not be picked up again: cannot connect")
+
+
 def test_a_clean_end_without_the_final_chunk_is_sent_again_not_re_attached(
     server: FakeServer, client_kind: Kind
 ) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from domain.chat_stream import ChatStream
-from domain.errors import InferError
+from domain.errors import ConnectError, InferError, StreamClosedEarly
 from domain.events import Progress
 from ports.transport import AsyncExchange, Link
 
@@ -47,9 +47,12 @@ class Flight:
 
     def broke(self, error: InferError) -> InferError:
         """The connection broke (or stalled, or a re-attach failed): `error` raised as it is
-        before the head (nothing to pick up), else returned, the connection closed."""
+        before the head (nothing to pick up), else returned, the connection closed; a re-attach
+        that could not connect is still the cut stream (`StreamClosedEarly`, retried alike)."""
         if self.stream is None:
             raise error
+        if isinstance(error, ConnectError):  # a re-attach that could not connect: still the cut stream
+            error = StreamClosedEarly(f"the stream could not be picked up again: {error}")
         self.cut = error
         self.close()
         return error
