@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-from domain.errors import ProtocolError, RequestError
+from domain.errors import ProtocolError, RequestError, StreamClosedEarly
 from domain.hashing import sha256
 from domain.request_options import INT32_MAX
 from ports.slot_probe import SlotState
@@ -46,6 +46,9 @@ CONVERSATION_HEADER: Final = "X-Conversation-Id"
 # Answers to a re-attach that mean the body cannot be had from there: the server restarted or
 # forgot the id, or has no replay at all (404); the offset fell out of the ring (400).
 REATTACH_REFUSED: Final = frozenset({400, 404})
+# An answer that means "not now": the server is loading (or restarting), and a later re-attach may
+# get the stream, or its 404.
+REATTACH_LATER: Final = frozenset({503})
 
 _SHOWN = 120  # characters of an offending value quoted in an error
 _UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -65,6 +68,15 @@ def new_conversation_id() -> str:
 
 def _query(value: str) -> str:
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
+
+
+def reattach_later(status: int) -> StreamClosedEarly | None:
+    """The break a re-attach answered `status` is, when a later one may still pick the stream up."""
+    if status not in REATTACH_LATER:
+        return None
+    return StreamClosedEarly(
+        f"GET {STREAM_PATH}: the server answered {status} (loading or restarting): not picked up yet"
+    )
 
 
 def reattach_path(conversation_id: str, offset: int) -> str:

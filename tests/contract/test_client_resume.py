@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, ReplayRing, json_reply, silence
+from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, silence
 from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, Kind, chunk, recorded
 from domain.cancel import CancelToken
 from domain.completion import Completion
@@ -157,6 +157,30 @@ def test_re_attaches_that_cannot_connect_end_in_the_cut_not_a_connect_error(
     assert len(retries) == 3, "every attempt left was a re-attach"
     assert all(not r.resend for r in retries)
     assert retries[1].error.startswith("StreamClosedEarly: the stream could not be picked up again: cannot connect")
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["chat", "chat_with_retry"])
+def test_a_re_attach_answered_503_is_tried_again_later_and_the_answer_is_exact(
+    server: FakeServer, client_kind: Kind, retry: bool
+) -> None:
+    # llama-server answers 503 to everything while it loads: the stream is not refused, only not
+    # to be had yet, so the next re-attach (under the retry schedule) may get it; for chat() too.
+    ring = served(server, ReplayRing(LONG, cut_after=2048))
+    answers = iter([lambda request: error_reply(503, "Loading model", "unavailable_error")])
+    server.route(*STREAM, lambda request: next(answers, ring.reattach)(request))
+    events: list[ChatEvent] = []
+
+    completion = (client_kind.client_for(server).chat_with_retry if retry else client_kind.client_for(server).chat)(
+        REQ, events.append
+    )
+
+    assert completion.content == LONG_TEXT
+    assert content(events) == LONG_TEXT, "no event twice, none lost"
+    first, second = (e for e in events if isinstance(e, Retrying))
+    assert not first.resend and not second.resend, "two re-attaches, no re-send"
+    assert second.error.startswith("StreamClosedEarly: GET /v1/stream: the server answered 503")
+    assert len(recorded(server, CHAT)) == 1
+    assert ring.offsets == [2048], "the 503 came before the ring was asked; the second got the rest"
 
 
 def test_a_clean_end_without_the_final_chunk_is_sent_again_not_re_attached(

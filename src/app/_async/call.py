@@ -15,16 +15,14 @@ the I/O behind the ports. Invariants:
 - Every wait has a deadline, so no path can hang: at the gate, `busy_wait_ms`; before the
   response head, the next poll; from the head on (llama-server sends it only when it starts our
   request, so it is the brief's "first byte"), the silence the stream allows.
-- Nothing is returned before the final chunk. Every way out closes the stream's connection
-  (which cancels generation on the server) and gives the slot back.
+- Nothing is returned before the final chunk. Every way out closes the stream's connection,
+  stops the generation (a `DELETE`: closing no longer does) and gives the slot back.
 - A retry sends the very same bytes: the body is rendered once per call, and each attempt goes
   back through the slot gate (never held across a retry wait).
 - Every I/O step takes the call's `CancelToken`: the blocking flavour is woken by it in whatever
   phase it is, and a cancelled call never sends a request or starts a retry.
-- Every request names the model (`?model=` on a GET, `model` in a POST body) so that a
-  llama-server router routes it; a single-model server ignores it.
-- Log lines carry statuses, error types, counts and times, never the server's text
-  (`domain.errors.loggable`).
+- Every request names the model (`?model=` on a GET, `model` in a POST body), for a router.
+- Log lines carry statuses, error types, counts and times, never the server's text (`loggable`).
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from domain.llama_api import (
     control_refusal,
     new_conversation_id,
     not_a_stream,
+    reattach_later,
     reattach_path,
     stop_path,
 )
@@ -226,9 +225,8 @@ class AsyncLlamaCalls:
     async def _send(
         self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
     ) -> AsyncGenerator[Waiting, None]:
-        """Send the chat request under a new conversation id and wait for its head, asking
-        `/slots` each `poll_ms` (the `Waiting` events); then the flight has its exchange, whose
-        head starts an event stream, and a new `ChatStream`."""
+        """The request under a new id, its head awaited with a `/slots` poll each `poll_ms`
+        (`Waiting`); then the flight has its exchange, its event stream and a new `ChatStream`."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits = self._limits
         clock = self._clock
@@ -277,6 +275,8 @@ class AsyncLlamaCalls:
             log.debug("re-attach from body byte %d: response head %d", flight.consumed, head.status)
             if head.status in REATTACH_REFUSED:
                 raise Refused(head.status)
+            if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
+                raise later
             await self._check_stream_head(exchange, head)
         except BaseException:
             exchange.close()
