@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 
+from domain.cancel import SignalSafeEvent
 from ports.transport import CancelSignal
 
 __all__ = ["AsyncSystemClock", "SystemClock"]
@@ -28,7 +28,7 @@ class SystemClock:
             if seconds:
                 time.sleep(seconds)
             return
-        woken = threading.Event()
+        woken = SignalSafeEvent()  # a cancel from a signal handler may interrupt the wait itself
         unlink = cancel.on_cancel(woken.set)
         try:
             woken.wait(seconds)

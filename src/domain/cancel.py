@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable
 
 from domain.errors import Cancelled
 
-__all__ = ["CancelToken", "cancel_all"]
+__all__ = ["CancelToken", "SignalSafeEvent", "cancel_all"]
 
 Wake = Callable[[], None]
 
@@ -63,7 +63,7 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._event: _Flag | None = None  # made by the first wait that needs it: most calls never do
+        self._event: SignalSafeEvent | None = None  # made by the first wait that needs it: most calls never do
         self._wakes: OrderedDict[int, Wake] = OrderedDict()
         # The mark: empty until cancelled. The first error appended is the token's; a cancel
         # nested between another's look and its append may add one more, never a first.
@@ -87,7 +87,7 @@ class CancelToken:
             with self._lock:
                 flag = self._event
                 if flag is None:
-                    flag = _Flag()
+                    flag = SignalSafeEvent()
                     self._event = flag
                     if self._errors:
                         flag.set()
@@ -165,7 +165,7 @@ def _nothing() -> None:
     return None
 
 
-class _Flag(threading.Event):
+class SignalSafeEvent(threading.Event):
     """`threading.Event` safe to `set()` from a signal handler that interrupted `wait()`, or
     `set()` itself, in the same thread: its lock is re-entrant and held only around one step on
     the waiter table. A waiter enters the table before it looks at the flag and `set()` raises

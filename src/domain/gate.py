@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,10 @@ from contextlib import contextmanager
 from domain.cancel import CancelToken
 from domain.errors import Busy
 from domain.events import ChatEvent, Queued
+
+# How often a blocking wait at the gate looks at its token again: the bound on a cancel whose
+# wake-up a signal handler lost (see `wait`).
+_CANCEL_LOOK_S = 0.05
 
 
 class _Slot:
@@ -139,15 +144,20 @@ class SlotGate:
         cancelled first (the caller then `leave`s)."""
         state = ticket.state
         forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with self._lock:
-                timed_out = False
                 while (ahead := state.moved(ticket)) is None:
                     if cancel is not None and cancel.cancelled:
                         raise cancel.error()
-                    if timed_out:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
                         return None
-                    timed_out = not state.cond.wait(timeout) and timeout is not None
+                    if cancel is not None:
+                        # A cancel from a signal handler that lands between the look above and the
+                        # wait below wakes nobody (the lock is re-entrant): look again this often.
+                        left = _CANCEL_LOOK_S if left is None else min(left, _CANCEL_LOOK_S)
+                    state.cond.wait(left)
                 ticket.ahead = ahead
                 return ahead
         finally:

@@ -345,6 +345,20 @@ def test_a_token_cancelled_before_a_small_call_sends_nothing(server: FakeServer,
 
     assert type(caught.value) is Cancelled
     assert server.requests == []
+    assert server.accepted == 0, "not even a connection: the proxy would count it against its accept rate"
+
+
+def test_a_token_cancelled_before_a_render_that_needs_no_request_ends_it_too(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    client = client_kind.client_for(server)  # [expect] gives the slot count: nothing to ask
+    token = CancelToken()
+    token.cancel()
+
+    with pytest.raises(Cancelled):
+        client.render(REQ, cancel=token)
+    assert client.render(REQ) == client.render(REQ, cancel=CancelToken()), "a live token renders"
+    assert server.accepted == 0
 
 
 @small_calls

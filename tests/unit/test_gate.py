@@ -505,3 +505,35 @@ def test_a_ticket_that_holds_the_slot_at_once_has_no_one_ahead() -> None:
     assert (holder.ahead, waiter.ahead) == (0, 1)
     gate.leave(waiter)
     gate.leave(holder)
+
+
+class CancelledRightAfterTheLook(CancelToken):
+    """A token that is cancelled the moment the gate has looked at it and found it live: as a
+    signal handler cancelling it between that look and the wait would. Its wake-up finds no
+    waiter yet, so only another look sees the cancel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked = False
+
+    @property
+    def cancelled(self) -> bool:
+        live = not super().cancelled
+        if live and not self.looked:
+            self.looked = True
+            self.cancel()
+        return not live
+
+
+def test_a_cancel_whose_wake_up_found_no_waiter_yet_still_ends_the_wait_soon() -> None:
+    gate = SlotGate(queue_per_slot=4)
+    holder = gate.enter(0)
+    queued = gate.enter(0)
+    token = CancelledRightAfterTheLook()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        gate.wait(queued, token, timeout=3.0)
+    assert token.looked
+    assert time.monotonic() - started < 0.5  # the wait looks again every 50 ms, not after 3 s
+    gate.leave(queued)
+    gate.leave(holder)

@@ -28,11 +28,11 @@ import contextlib
 import os
 import socket
 import stat
-import threading
 import time
 from collections.abc import Callable
 
 from adapters.uds_http.response import reason
+from domain.cancel import SignalSafeEvent
 from domain.errors import ConnectError
 from ports.transport import TIMED_OUT, CancelSignal, TimedOut
 
@@ -58,7 +58,7 @@ class SocketStream:
         """A Unix socket connects at once or fails at once, but for a full accept backlog: that
         is waited out within the limit (`BacklogWait`), and `cancel` ends the wait."""
         wait = BacklogWait(path, timeout, time.monotonic)
-        woken: threading.Event | None = None
+        woken: SignalSafeEvent | None = None
         unwatch = _nothing
         try:
             while (sock := wait.attempt()) is None:
@@ -67,7 +67,7 @@ class SocketStream:
                     time.sleep(pause)
                     continue
                 if woken is None:
-                    woken = threading.Event()
+                    woken = SignalSafeEvent()  # a cancel from a signal handler may interrupt the wait
                     unwatch = cancel.on_cancel(woken.set)
                 if woken.wait(pause):
                     raise wait.cancelled()

@@ -160,6 +160,7 @@ class AsyncClient:
     async def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         async with self._calls.scope(cancel) as token:
+            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
             return await self._llama.info.render(req, token)
 
     async def props(self, cancel: CancelToken | None = None) -> Props:

@@ -72,12 +72,14 @@ class AsyncServerInfo:
 
     async def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
-        the server answers at once or not at all)."""
+        the server answers at once or not at all). A cancelled `token`: no connection is made."""
+        token.raise_if_cancelled()
         path = with_model(path, self._settings.model)
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
     async def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
+        token.raise_if_cancelled()  # no connection for a cancelled call
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "POST", path, body, limits, token)
 

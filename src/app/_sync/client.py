@@ -161,6 +161,7 @@ class Client:
     def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         with self._calls.scope(cancel) as token:
+            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
             return self._llama.info.render(req, token)
 
     def props(self, cancel: CancelToken | None = None) -> Props:

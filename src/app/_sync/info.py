@@ -73,12 +73,14 @@ class ServerInfo:
 
     def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
-        the server answers at once or not at all)."""
+        the server answers at once or not at all). A cancelled `token`: no connection is made."""
+        token.raise_if_cancelled()
         path = with_model(path, self._settings.model)
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
     def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
+        token.raise_if_cancelled()  # no connection for a cancelled call
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "POST", path, body, limits, token)
 
