@@ -240,11 +240,26 @@ class AsyncEventStream(_Facade):
             self._over = True
             return
         self._over = True
+        loop = self._link.loop
         with contextlib.suppress(RuntimeError):  # the loop is closed: the generator's finalizer ends it
-            closer = self._link.loop.create_task(self._end())
+            if _running_loop() is loop:
+                self._close_later()
+            else:  # dropped in another thread (a collected cycle): scheduled on the call's loop
+                loop.call_soon_threadsafe(self._close_later)
+
+    def _close_later(self) -> None:
+        closer = self._link.loop.create_task(self._end()) if self._link is not None else None
+        if closer is not None:
             self._closer = closer
             _closing.add(closer)
             closer.add_done_callback(_closing.discard)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class _Loop:
