@@ -140,6 +140,25 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
     assert Content(ANSWER) in events and predictions(events) == []
 
 
+@pytest.mark.parametrize("status", [404, 501])
+def test_a_slots_answer_of_404_or_501_skips_one_turn_and_turns_nothing_off(
+    server: FakeServer, client_kind: Kind, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only a failed rendering (/apply-template, /tokenize) says the server cannot render: a
+    # /slots it does not serve (--no-slots) costs this turn's prediction, not every later one.
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    server.route("GET", "/slots", error_reply(status, "gone"))
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    assert Content(ANSWER) in events and predictions(events) == []
+    assert not [r for r in caplog.records if "prediction off" in r.getMessage()]
+    server.route("GET", "/slots", lambda r: json_reply(llama._slots()))
+    later = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Italy?"))
+    assert len(predictions(later)) == 1, "the next turn is predicted again"
+
+
 @pytest.mark.parametrize("token_id", [2**31, 2**63])
 def test_a_token_id_that_is_not_one_skips_the_prediction_not_the_turn(
     server: FakeServer, client_kind: Kind, token_id: int

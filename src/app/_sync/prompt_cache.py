@@ -96,11 +96,13 @@ class PromptCache:
         checkpoint = self._checkpoints.get(slot)
         if not self._renders or not (self._settings.predict or (checkpoint and previous)):
             return None, None
+        rendering = True  # a 404 or 501 here, and only here, says the server cannot render
         try:
             now = self._render(body, token)
             if previous is None:
                 return None, now
             before = previous.rendered or self._render(previous.body, token)
+            rendering = False
             held = slot_held(self._info.get(SLOTS_PATH, token, quick=True), slot)
             loss = self._settings.loss_tokens
             prediction = predict(previous, before, req, now, held, loss)
@@ -112,7 +114,7 @@ class PromptCache:
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
-            if isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER:
+            if rendering and isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER:
                 self._renders = False
                 log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
             else:
