@@ -320,6 +320,6 @@ def slot_held(raw: bytes, slot: int) -> int | None:
 
 def parse_slot_action(raw: bytes, tokens: str, size: str, where: str) -> tuple[int, int]:
     """A slot save (`n_saved`, `n_written`) or restore (`n_restored`, `n_read`) answer: the
-    tokens and the bytes."""
+    tokens (an int32 count, as every token count of the server's) and the bytes (a file size)."""
     data = _object(loads(raw, where), where)
-    return _count(data, tokens, where), _count(data, size, where)
+    return _count(data, tokens, where, most=INT32_MAX), _count(data, size, where)

@@ -11,6 +11,7 @@ from domain.llama_api import (
     Token,
     control_refusal,
     parse_props,
+    parse_slot_action,
     parse_slots,
     parse_token_ids,
     parse_tokens,
@@ -151,3 +152,15 @@ def test_a_token_id_past_an_int32_is_refused() -> None:
         parse_tokens(orjson.dumps({"tokens": [{"id": 2**63, "piece": "x"}]}))
     with pytest.raises(ProtocolError, match=r"/slots\[0\].id is 2147483648"):
         parse_slots(orjson.dumps([{"id": 2**31, "is_processing": False}]))
+
+
+def test_a_slot_action_counts_tokens_in_an_int32_and_bytes_as_a_file_size() -> None:
+    where = "POST /slots/0?action=save"
+    assert parse_slot_action(
+        orjson.dumps({"n_saved": INT32_MAX, "n_written": 2**40}), "n_saved", "n_written", where
+    ) == (
+        INT32_MAX,
+        2**40,
+    )
+    with pytest.raises(ProtocolError, match=r"n_saved is 9223372036854775808, not a non-negative integer up to"):
+        parse_slot_action(orjson.dumps({"n_saved": 2**63, "n_written": 1}), "n_saved", "n_written", where)
