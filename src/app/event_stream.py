@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterator
 from types import TracebackType
+from typing import Any
 
 from app.calls import TaskLink
 from domain.cancel import CancelToken
@@ -85,9 +86,10 @@ class _Facade:
             self._cut = True
         return False
 
-    def _ended(self) -> StopIteration | StopAsyncIteration | Cancelled:
-        """What a loop over an ended stream meets: its end, or `Cancelled` if it was cut."""
-        return Cancelled(CLOSED_WHILE_READ) if self._cut else StopIteration()
+    def _raise_if_cut(self) -> None:
+        """A loop over an ended stream meets its end, or `Cancelled` if the stream was cut."""
+        if self._cut:
+            raise Cancelled(CLOSED_WHILE_READ)
 
 
 class EventStream(_Facade):
@@ -124,7 +126,8 @@ class EventStream(_Facade):
 
     def __next__(self) -> ChatEvent:
         if self._over:
-            raise self._ended()
+            self._raise_if_cut()
+            raise StopIteration
         if self._token.cancelled:  # cancelled while the consumer ran its own code
             self._end()
             raise self._token.error()
@@ -183,8 +186,8 @@ class AsyncEventStream(_Facade):
 
     async def __anext__(self) -> ChatEvent:
         if self._over:
-            ended = self._ended()
-            raise StopAsyncIteration if isinstance(ended, StopIteration) else ended
+            self._raise_if_cut()
+            raise StopAsyncIteration
         steps, link = self._steps, self._link
         if steps is None or link is None:
             steps = self._steps = self._make(self._token)
@@ -236,10 +239,11 @@ class AsyncEventStream(_Facade):
         """A loop over it was left before the end: no more events, and the call ended on the
         loop's next turn (the blocking flavour's loop ends it at once, which asyncio cannot)."""
         self._looping -= 1
-        if self._over or self._steps is None or self._link is None:
-            self._over = True
+        if self._over:
             return
         self._over = True
+        if self._link is None:  # never started: nothing to close
+            return
         loop = self._link.loop
         with contextlib.suppress(RuntimeError):  # the loop is closed: the generator's finalizer ends it
             if _running_loop() is loop:
@@ -263,35 +267,22 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 
 class _Loop:
-    """One `async for` over an `AsyncEventStream`. Dropped before the stream ended (a `break`, an
-    exception), it ends the call, as the blocking flavour's loop does."""
+    """One `async for` over an `AsyncEventStream`: each step is the stream's own `__anext__`,
+    handed out as it is (no coroutine of its own on the way to each event). Dropped before the
+    stream ended (a `break`, an exception), it ends the call, as the blocking flavour's loop does."""
 
-    __slots__ = ("_done", "_stream")
+    __slots__ = ("_stream",)
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
-        self._done = False
         stream._looping += 1
 
     def __aiter__(self) -> _Loop:
         return self
 
-    async def __anext__(self) -> ChatEvent:
-        try:
-            return await self._stream.__anext__()
-        except BaseException:
-            self._leave(ended=True)
-            raise
-
-    def _leave(self, *, ended: bool) -> None:
-        if self._done:
-            return
-        self._done = True
-        if ended:
-            self._stream._looping -= 1
-        else:
-            self._stream._left()
+    def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
+        return self._stream.__anext__()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            self._leave(ended=False)
+            self._stream._left()  # at the stream's end, it only counts the loop out
