@@ -10,12 +10,27 @@ import time
 from domain.cancel import SignalSafeEvent
 from ports.transport import CancelSignal
 
-__all__ = ["AsyncSystemClock", "SystemClock"]
+__all__ = ["AsyncSystemClock", "SystemClock", "sleep_unless_cancelled"]
 
 
 def _check(seconds: float) -> None:
     if seconds < 0:
         raise ValueError(f"cannot sleep for a negative time ({seconds} s)")
+
+
+def sleep_unless_cancelled(seconds: float, cancel: CancelSignal | None) -> bool:
+    """Block for `seconds`, or until `cancel` fires (from any thread, or a signal handler that
+    interrupted this very wait); whether it fired."""
+    if cancel is None:
+        if seconds:
+            time.sleep(seconds)
+        return False
+    woken = SignalSafeEvent()
+    unlink = cancel.on_cancel(woken.set)
+    try:
+        return woken.wait(seconds)
+    finally:
+        unlink()
 
 
 class SystemClock:
@@ -24,16 +39,7 @@ class SystemClock:
 
     def sleep(self, seconds: float, cancel: CancelSignal | None = None) -> None:
         _check(seconds)
-        if cancel is None:
-            if seconds:
-                time.sleep(seconds)
-            return
-        woken = SignalSafeEvent()  # a cancel from a signal handler may interrupt the wait itself
-        unlink = cancel.on_cancel(woken.set)
-        try:
-            woken.wait(seconds)
-        finally:
-            unlink()
+        sleep_unless_cancelled(seconds, cancel)
 
 
 class AsyncSystemClock:

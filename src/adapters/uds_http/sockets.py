@@ -31,8 +31,8 @@ import stat
 import time
 from collections.abc import Callable
 
+from adapters.system import sleep_unless_cancelled
 from adapters.uds_http.response import reason
-from domain.cancel import SignalSafeEvent
 from domain.errors import ConnectError
 from ports.transport import TIMED_OUT, CancelSignal, TimedOut
 
@@ -58,21 +58,9 @@ class SocketStream:
         """A Unix socket connects at once or fails at once, but for a full accept backlog: that
         is waited out within the limit (`BacklogWait`), and `cancel` ends the wait."""
         wait = BacklogWait(path, timeout, time.monotonic)
-        woken: SignalSafeEvent | None = None
-        unwatch = _nothing
-        try:
-            while (sock := wait.attempt()) is None:
-                pause = wait.pause(time.monotonic())
-                if cancel is None:
-                    time.sleep(pause)
-                    continue
-                if woken is None:
-                    woken = SignalSafeEvent()  # a cancel from a signal handler may interrupt the wait
-                    unwatch = cancel.on_cancel(woken.set)
-                if woken.wait(pause):
-                    raise wait.cancelled()
-        finally:
-            unwatch()
+        while (sock := wait.attempt()) is None:
+            if sleep_unless_cancelled(wait.pause(time.monotonic()), cancel):
+                raise wait.cancelled()
         stream = cls(sock)
         stream._timeout = 0.0  # connected non-blocking: a zero-timeout write sets nothing
         return stream
@@ -281,10 +269,6 @@ class BacklogWait:
 
     def cancelled(self) -> ConnectError:
         return ConnectError(f"cannot connect to {self._path}: cancelled while the server's accept backlog was full")
-
-
-def _nothing() -> None:
-    return None
 
 
 def unix_socket(path: str) -> socket.socket:
