@@ -101,12 +101,7 @@ class Request:
     @property
     def headers(self) -> tuple[tuple[str, str], ...]:
         """Every header sent, in order: `Host`, the extra ones, a body's type and length, `Connection`."""
-        headers = [("Host", "localhost"), *self.extra]
-        if self.body is not None:
-            headers.append(("Content-Type", "application/json"))
-            headers.append(("Content-Length", str(len(self.body))))
-        headers.append(("Connection", "close"))
-        return tuple(headers)
+        return _fields(self.extra, self.body)
 
     def connection(self) -> h11.Connection:
         """An h11 client connection that has sent this request, ready to read the response."""
@@ -123,11 +118,9 @@ def render(
     """The request's bytes (`Host`, the `extra` headers, a JSON body's type and length,
     `Connection: close`). A malformed method, path or header is the caller's bug: `ValueError`."""
     if not _plain(method, path, extra):
-        request = Request(method, path, b"", header_bytes, extra, body)
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
-        request.data = _send_with_h11(conn, method, path, request.headers, body)
-        request.conn = conn
-        return request
+        data = _send_with_h11(conn, method, path, _fields(extra, body), body)
+        return Request(method, path, data, header_bytes, extra, body, conn)
     head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
     for name, value in extra:
         head += f"{name}: {value}\r\n"
@@ -135,6 +128,15 @@ def render(
         return Request(method, path, (head + "Connection: close\r\n\r\n").encode("ascii"), header_bytes, extra, body)
     head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     return Request(method, path, head.encode("ascii") + body, header_bytes, extra, body)
+
+
+def _fields(extra: tuple[tuple[str, str], ...], body: bytes | None) -> tuple[tuple[str, str], ...]:
+    headers = [("Host", "localhost"), *extra]
+    if body is not None:
+        headers.append(("Content-Type", "application/json"))
+        headers.append(("Content-Length", str(len(body))))
+    headers.append(("Connection", "close"))
+    return tuple(headers)
 
 
 def render_for(
