@@ -39,21 +39,14 @@ from pydantic import (
     field_validator,
 )
 
+from domain.request_options import FLOAT32_MAX, INT32_MAX, RANDOM_SEED, UINT32_MAX
+
 # Longest wait any `*_ms` key may ask for: 7 days. Far past any wait the brief gives (10 min),
 # and far inside what the waits accept: `threading` refuses a timeout past `threading.TIMEOUT_MAX`
 # (292 years on Linux, 49.7 days where it counts in 32-bit milliseconds), a socket wait reaches
 # poll() as int milliseconds (24.8 days at most), and milliseconds this size are exact as float
 # seconds. Near 2**63 the first call raised OverflowError instead.
 MAX_MS = 7 * 24 * 60 * 60 * 1000
-# llama-server reads token counts, slot ids, `top_k` and `n_ctx` into C `int32_t`; a bigger JSON
-# number is silently truncated there.
-INT32_MAX = 2**31 - 1
-# `seed` is a C `uint32_t` in llama-server; -1 (sent as is) becomes 0xFFFFFFFF, its "random seed".
-# Any other negative number would wrap to a different seed, and a bigger one be truncated.
-RANDOM_SEED = -1
-UINT32_MAX = 2**32 - 1
-# llama-server keeps `temperature` in a C `float`; a double past the float range arrives as inf.
-FLOAT32_MAX = 3.4028234663852886e38
 # Each byte cap is memory one request may hold; past 1 GiB a cap no longer protects anything.
 MAX_CAP_BYTES = 1 << 30
 # Below these, what llama-server sends in every exchange could not fit: its response head (172

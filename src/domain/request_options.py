@@ -46,9 +46,11 @@ __all__ = [
     "stop_strings",
 ]
 
-# The bounds `app.config` holds the config's values to (the domain cannot import it): llama-server
-# reads token counts and `top_k` into int32, `seed` into uint32 (-1 is its "random seed", any
-# other negative number would wrap), `temperature` into a C float (past its range it arrives as inf).
+# The bounds of llama-server's numbers, which a request's options, its answers (`domain.llama_api`)
+# and the config (`app.config`) are all held to: it reads token counts, slot ids, `top_k` and
+# `n_ctx` into int32 (a bigger JSON number is silently truncated), `seed` into uint32 (-1 is its
+# "random seed", any other negative number would wrap), `temperature` into a C float (past its
+# range it arrives as inf).
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 RANDOM_SEED = -1
