@@ -309,8 +309,19 @@ class Marks:
 def stamped_transports(socket_path: str, marks: Marks) -> tuple[Any, Any]:
     """A `UdsTransport` and an `AsyncUdsTransport` whose exchanges note when the request was
     written and the head arrived; reads go straight to the real exchange's `read`."""
+    from adapters.uds_http.sockets import SocketAhead
     from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
     from ports.transport import TimedOut
+
+    class Ahead(SocketAhead):
+        """The transport's socket made ahead, which it makes just after a request is written:
+        the moment noted as the request written."""
+
+        __slots__ = ()
+
+        def refill(self) -> None:
+            marks.written = marks.written or ns()
+            super().refill()
 
     class Exchange:
         def __init__(self, inner: Any) -> None:
@@ -347,12 +358,20 @@ def stamped_transports(socket_path: str, marks: Marks) -> tuple[Any, Any]:
             self._inner.close()
 
     class Transport(UdsTransport):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._ahead = Ahead()
+
         def open(self, *args: Any, **kwargs: Any) -> Any:
             exchange = super().open(*args, **kwargs)
             marks.written = marks.written or ns()
             return Exchange(exchange)
 
     class AsyncTransport(AsyncUdsTransport):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._ahead = Ahead()
+
         async def open(self, *args: Any, **kwargs: Any) -> Any:
             exchange = await super().open(*args, **kwargs)
             marks.written = marks.written or ns()

@@ -135,6 +135,10 @@ class FirstByteWait:
     def idle_s(self) -> float:
         return self._idle
 
+    def age_ms(self, now: float) -> float:
+        """Milliseconds since the request was sent."""
+        return (now - self._sent_at) * 1000
+
     def timeout(self, now: float) -> float:
         """Seconds until the next poll is due (0 if overdue): the read timeout to use, so bytes
         that are not data (a keep-alive comment, headers) do not shift the poll cadence."""
@@ -210,7 +214,8 @@ class Liveness:
 
     def timeout(self, now: float) -> float:
         """Seconds left until the silence is `Stalled` (0 once expired): the read timeout to use."""
-        return 0.0 if self.expired(now) else self._last + self._limit - now
+        last = self._last  # (`expired`, written out: the hot path's one call a read)
+        return 0.0 if now - last >= self._limit - _EPS_S else last + self._limit - now
 
     def expired(self, now: float) -> bool:
         """Whether the silence has reached the limit (reaching it exactly counts)."""

@@ -2,16 +2,14 @@
 `Completion` (retried or not), and the small calls. The one source of the call: the blocking
 twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
-The life of one chat request (the brief, section 4):
+The life of one chat request (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the
+cache prediction (`AsyncPromptCache.before`: CachePrediction, a checkpoint restored into an
+emptied slot) -> open + send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the
+stream, fed to `domain.chat_stream` (liveness, thinking cap: reasoning_end on a second
+connection) -> Completion
 
-    gate (Queued, at most busy_wait_ms) -> the cache prediction (`AsyncPromptCache.before`:
-    CachePrediction, a checkpoint restored into an emptied slot) -> open + send -> first-byte
-    wait (a /slots poll each poll_ms: Waiting) -> the stream, fed to `domain.chat_stream`
-    (liveness, thinking cap: reasoning_end on a second connection) -> Completion
-
-Every rule lives in a domain object (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`,
-`domain.bodies`, `domain.limits`), every byte of llama-server's API in `domain.llama_api`, and
-the I/O behind the ports. Invariants:
+Every rule lives in the domain (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`, ...),
+every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports. Invariants:
 - Every wait has a deadline, so no path can hang: at the gate, `busy_wait_ms`; before the
   response head, the next poll; from the head on (llama-server sends it only when it starts our
   request, so it is the brief's "first byte"), the silence the stream allows.
@@ -29,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from logging import DEBUG
 from typing import TypeVar
 
 from app._async.fetch import error_body, fetch
@@ -63,7 +62,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
-from domain.waiting import gate_timeout
+from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncExchange, AsyncTransport, Link, ResponseHead, TimedOut
@@ -192,18 +191,36 @@ class AsyncLlamaCalls:
     async def _take_off(
         self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
     ) -> AsyncGenerator[Waiting | Retrying, None]:
-        """Until the flight has a connection to read: the request under a new id (`Waiting`), or a
-        re-attach (each failure a `Retrying`, its wait); a refused one re-sends, if `resend`."""
+        """Until the flight has a connection to read: the request under a new id, its head
+        awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; each failure a
+        `Retrying`, its wait. A refused re-attach re-sends, if `resend`."""
+        slot, now = req.slot, self._clock.now
         while True:
             try:
-                if flight.stream is None:  # a request, under a new id
-                    async for waited in self._send(req, body, flight, token):
-                        yield waited
+                if flight.stream is None:  # a request, under a new id (one frame: no generator of its own)
+                    conversation, exchange, stream, wait = await self._open(req, body, flight, token)
+                    try:
+                        while isinstance(head := await exchange.head(wait.timeout(now())), TimedOut):
+                            decision = wait.on_poll(now(), await self._probe.state(slot, token))
+                            token.raise_if_cancelled()
+                            yield decision.event
+                            if decision.error is not None:
+                                raise decision.error
+                        if log.isEnabledFor(DEBUG):  # (its figures cost calls on the way to the first token)
+                            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, wait.age_ms(now()))
+                        if head.status != 200:
+                            flight.generating = None  # an error answer: nothing runs
+                        await self._check_stream_head(exchange, head)
+                    except BaseException:
+                        exchange.close()
+                        raise
+                    stream.resumed(started := now())
+                    flight.take_off(conversation, exchange, stream, started)
                 elif flight.exchange is None:  # a re-attach, from the bytes consumed
                     await self._reattach(flight, token)
                 return
             except (StreamClosedEarly, Stalled, ConnectError) as broke:
-                async for retrying in self._after_break(req.slot, attempts, flight, broke, token):
+                async for retrying in self._after_break(slot, attempts, flight, broke, token):
                     yield retrying
             except Refused:
                 cut = flight.refused()
@@ -211,7 +228,7 @@ class AsyncLlamaCalls:
                     raise cut from None
                 if flight.generating is not None:  # a lost offset: it may still be running
                     await self._stop(flight.generating)
-                yield resent_at_once(req.slot, attempts, cut)
+                yield resent_at_once(slot, attempts, cut)
 
     async def _after_break(
         self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
@@ -222,45 +239,28 @@ class AsyncLlamaCalls:
         await self._clock.sleep(event.after_ms / 1000.0, token)
         token.raise_if_cancelled()
 
-    async def _send(
+    async def _open(
         self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
-    ) -> AsyncGenerator[Waiting, None]:
-        """The request under a new id, its head awaited with a `/slots` poll each `poll_ms`
-        (`Waiting`); then the flight has its exchange, its event stream and a new `ChatStream`."""
+    ) -> tuple[str, AsyncExchange, ChatStream, FirstByteWait]:
+        """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits = self._limits
-        clock = self._clock
-        slot = req.slot
         conversation = new_conversation_id()
-        headers = ((CONVERSATION_HEADER, conversation),)
-        timeout = limits.poll_ms / 1000.0
-        link = flight.take_link()
+        headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = await self._transport.open(
-            "POST", CHAT_PATH, body, timeout=timeout, cancel=token, headers=headers, link=link
+            "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         try:
-            sent = clock.now()
-            max_tokens = effective_max_tokens(req, self._settings)  # the stream, made while the request flies
+            sent = self._clock.now()
+            max_tokens = effective_max_tokens(req, self._settings)
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            wait = limits.first_byte_wait(sent, slot)
-            while isinstance(head := await exchange.head(wait.timeout(clock.now())), TimedOut):
-                decision = wait.on_poll(clock.now(), await self._probe.state(slot, token))
-                token.raise_if_cancelled()
-                yield decision.event
-                if decision.error is not None:
-                    raise decision.error
-            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, (clock.now() - sent) * 1000)
-            if head.status != 200:
-                flight.generating = None  # an error answer: nothing runs
-            await self._check_stream_head(exchange, head)
+            return conversation, exchange, stream, limits.first_byte_wait(sent, req.slot)
         except BaseException:
             exchange.close()
             raise
-        stream.resumed(now := clock.now())
-        flight.take_off(conversation, exchange, stream, now)
 
     async def _reattach(self, flight: Flight, token: CancelToken) -> None:
         """The rest of the body from the bytes consumed, on a new connection; `Refused`: 404, 400."""

@@ -23,7 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
@@ -134,9 +133,11 @@ class AsyncClient:
                         link = await llama.info.link_ahead(token)  # connecting while the body renders
                         body = await llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
-                    async with contextlib.aclosing(steps):
+                    try:
                         async for step in steps:
                             yield step
+                    finally:
+                        await steps.aclose()
                     return
                 except InferError as error:
                     if not retry or token.cancelled:

@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Generator, Callable
 from types import TracebackType
 
@@ -135,9 +134,11 @@ class Client:
                         link = llama.info.link_ahead(token)  # connecting while the body renders
                         body = llama.info.render(req, token)
                     steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
-                    with contextlib.closing(steps):
+                    try:
                         for step in steps:
                             yield step
+                    finally:
+                        steps.close()
                     return
                 except InferError as error:
                     if not retry or token.cancelled:

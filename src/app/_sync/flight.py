@@ -67,7 +67,8 @@ class Flight:
     def first_token(self, step: object, now: float) -> None:
         if self.first and not isinstance(step, Progress):
             self.first = False
-            log.debug("first token %.0f ms after the head", (now - self.started) * 1000)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("first token %.0f ms after the head", (now - self.started) * 1000)
 
     def landed(self) -> None:
         self.generating = None  # the Completion: nothing to stop

@@ -21,27 +21,29 @@ import time
 
 from adapters.uds_http._sync.exchange import HttpExchange, send
 from adapters.uds_http.response import render, render_for
-from adapters.uds_http.sockets import SocketStream
+from adapters.uds_http.sockets import SocketStream, SocketAhead
 from ports.transport import CancelSignal, Link
 
 __all__ = ["UdsTransport", "exchange_over"]
 
 
 class UdsTransport:
-    """Opens one connection per exchange to `socket_path` (nothing happens at construction)."""
+    """Opens one connection per exchange to `socket_path` (nothing happens at construction).
+    Each request written makes the socket of the next connect (`SocketAhead`), off its path."""
 
-    __slots__ = ("_header_bytes", "socket_path")
+    __slots__ = ("_ahead", "_header_bytes", "socket_path")
 
     def __init__(self, socket_path: str, *, header_bytes: int) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
+        self._ahead = SocketAhead()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
     def connect(self, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return SocketStream.connect(self.socket_path, timeout, cancel)
+        return SocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
 
     def open(
         self,
@@ -64,8 +66,12 @@ class UdsTransport:
         # Rendered before connecting, so a malformed request fails first.
         request, stream = render_for(link, SocketStream, self, method, path, body, self._header_bytes, headers)
         if stream is None:
-            stream = SocketStream.connect(self.socket_path, timeout, cancel)
-        return send(stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel)
+            stream = SocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
+        exchange = send(
+            stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel
+        )
+        self._ahead.refill()  # the request is out: its answer is awaited next
+        return exchange
 
 
 def exchange_over(
