@@ -15,6 +15,7 @@ from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.async_client import AsyncClient
 from app.client import Client
 from app.config import Config
+from app.slot_memory import SlotMemory
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from domain.gate import SlotGate
 from domain.limits import ClientLimits, FetchLimits, StreamLimits
@@ -101,6 +102,7 @@ class Container(containers.DeclarativeContainer):
         model=config.provided.model,
     )
     gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
+    memory = providers.ThreadSafeSingleton(SlotMemory)  # what the slots hold, as both flavours saw it
     client = providers.ThreadSafeSingleton(
         Client,
         transport=transport,
@@ -113,10 +115,12 @@ class Container(containers.DeclarativeContainer):
         total_slots=providers.Callable(total_slots, config),
         n_ctx=providers.Callable(n_ctx, config),
         cache=providers.Callable(cache_settings, config),
+        memory=memory,
     )
 
-    # The asyncio client: the same settings, limits and slot gate (so a sync call and an async
-    # call never hold one slot at once), its own clock, transport and probe on the event loop.
+    # The asyncio client: the same settings, limits, slot gate (so a sync call and an async call
+    # never hold one slot at once) and slot memory (a turn or checkpoint of one is the other's),
+    # its own clock, transport and probe on the event loop.
     async_transport = providers.ThreadSafeSingleton(
         AsyncUdsTransport,
         socket_path=config.provided.socket,
@@ -141,4 +145,5 @@ class Container(containers.DeclarativeContainer):
         total_slots=providers.Callable(total_slots, config),
         n_ctx=providers.Callable(n_ctx, config),
         cache=providers.Callable(cache_settings, config),
+        memory=memory,
     )

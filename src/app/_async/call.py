@@ -2,11 +2,10 @@
 `Completion` (retried or not), and the small calls. The one source of the call: the blocking
 twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
-The life of one chat request (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the
-cache prediction (`AsyncPromptCache.before`: CachePrediction, a checkpoint restored into an
-emptied slot) -> open + send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the
-stream, fed to `domain.chat_stream` (liveness, thinking cap: reasoning_end on a second
-connection) -> Completion
+A chat (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the cache prediction
+(`AsyncPromptCache.before`: CachePrediction, a checkpoint restored into an emptied slot) -> open +
+send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the stream, fed to
+`domain.chat_stream` (liveness, thinking cap: reasoning_end on a second connection) -> Completion
 
 Every rule lives in the domain (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`, ...),
 every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports. Invariants:
@@ -37,6 +36,7 @@ from app._async.prompt_cache import AsyncPromptCache
 from app.call_log import resent_at_once, retrying
 from app.calls import AsyncUncut
 from app.event_stream import Step
+from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
@@ -90,6 +90,7 @@ class AsyncLlamaCalls:
         total_slots: int | None,
         n_ctx: int | None = None,
         cache: CacheSettings,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._transport = transport
         self._probe = probe
@@ -106,7 +107,7 @@ class AsyncLlamaCalls:
             total_slots=total_slots,
             n_ctx=n_ctx,
         )
-        self.cache = AsyncPromptCache(info=self.info, settings=cache, model=request_settings.model)
+        self.cache = AsyncPromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -118,8 +119,7 @@ class AsyncLlamaCalls:
         await self._clock.sleep(seconds, token)
 
     def retrying(self, slot: int, attempts: Attempts, error: InferError, *, offset: int | None = None) -> Retrying:
-        """The `Retrying` event after the running attempt failed with `error`, or `error` raised
-        if it is not retried (`app.call_log.retrying`)."""
+        """The `Retrying` after the attempt failed with `error`, or `error` raised if not retried (`call_log`)."""
         return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     async def attempt(

@@ -29,6 +29,7 @@ from types import TracebackType
 from app._async.call import AsyncLlamaCalls
 from app.calls import CLOSE_WAIT_S, AsyncCalls
 from app.event_stream import AsyncEventStream, Step, check_sink, emit
+from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
@@ -68,6 +69,7 @@ class AsyncClient:
         total_slots: int | None,
         n_ctx: int | None = None,
         cache: CacheSettings | None = None,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._calls = AsyncCalls()
         self._gate = gate
@@ -82,6 +84,7 @@ class AsyncClient:
             total_slots=total_slots,
             n_ctx=n_ctx,
             cache=cache or CacheSettings(predict=False, loss_tokens=CACHE_LOSS_TOKENS),
+            memory=memory,
         )
 
     # -- chat ---------------------------------------------------------------------------------

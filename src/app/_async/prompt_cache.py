@@ -30,6 +30,7 @@ import logging
 
 from app._async.info import AsyncServerInfo
 from app.call_log import log_done
+from app.slot_memory import SlotMemory
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import HttpError, InferError, RequestError, loggable
@@ -71,14 +72,15 @@ class AsyncPromptCache:
     """Per slot: the last request completed on it and its checkpoint. Safe to share between calls
     (a slot's entries change only while the slot is held at the gate)."""
 
-    def __init__(self, *, info: AsyncServerInfo, settings: CacheSettings, model: str) -> None:
+    def __init__(
+        self, *, info: AsyncServerInfo, settings: CacheSettings, model: str, memory: SlotMemory | None = None
+    ) -> None:
         self._info = info
         self._settings = settings
         self._model = model
-        self._renders = True
-        self._saves = True
-        self._turns: dict[int, SlotTurn] = {}
-        self._checkpoints: dict[int, Checkpoint] = {}
+        self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
+        self._turns = self._memory.turns
+        self._checkpoints = self._memory.checkpoints
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
         return self._checkpoints.get(slot)
@@ -93,7 +95,7 @@ class AsyncPromptCache:
         slot = req.slot
         previous = self._turns.get(slot)
         checkpoint = self._checkpoints.get(slot)
-        if not self._renders or not (self._settings.predict or (checkpoint and previous)):
+        if not self._memory.renders or not (self._settings.predict or (checkpoint and previous)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
         try:
@@ -114,7 +116,7 @@ class AsyncPromptCache:
         except InferError as exc:
             token.raise_if_cancelled()
             if rendering and isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER:
-                self._renders = False
+                self._memory.renders = False
                 log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
             else:
                 log.debug("slot %d: cache prediction skipped: %s", slot, loggable(exc))
@@ -158,7 +160,7 @@ class AsyncPromptCache:
     async def save(self, slot: int, token: CancelToken) -> Checkpoint | None:
         """Save what slot `slot` holds to the server's save folder and remember it; None when the
         server keeps no checkpoints (501, one WARNING, and never asked again)."""
-        if not self._saves:
+        if not self._memory.saves:
             return None
         props = await self._info.props(token)
         count, digest = covered(())
@@ -173,7 +175,7 @@ class AsyncPromptCache:
         except HttpError as exc:
             if exc.status != SLOT_ACTIONS_UNSUPPORTED:
                 raise
-            self._saves = False
+            self._memory.saves = False
             log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
             return None
         saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")

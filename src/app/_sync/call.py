@@ -3,11 +3,10 @@
 `Completion` (retried or not), and the small calls. The one source of the call: the blocking
 twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
-The life of one chat request (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the
-cache prediction (`PromptCache.before`: CachePrediction, a checkpoint restored into an
-emptied slot) -> open + send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the
-stream, fed to `domain.chat_stream` (liveness, thinking cap: reasoning_end on a second
-connection) -> Completion
+A chat (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the cache prediction
+(`PromptCache.before`: CachePrediction, a checkpoint restored into an emptied slot) -> open +
+send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the stream, fed to
+`domain.chat_stream` (liveness, thinking cap: reasoning_end on a second connection) -> Completion
 
 Every rule lives in the domain (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`, ...),
 every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports. Invariants:
@@ -38,6 +37,7 @@ from app._sync.prompt_cache import PromptCache
 from app.call_log import resent_at_once, retrying
 from app.calls import Uncut
 from app.event_stream import Step
+from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
@@ -91,6 +91,7 @@ class LlamaCalls:
         total_slots: int | None,
         n_ctx: int | None = None,
         cache: CacheSettings,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._transport = transport
         self._probe = probe
@@ -107,7 +108,7 @@ class LlamaCalls:
             total_slots=total_slots,
             n_ctx=n_ctx,
         )
-        self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model)
+        self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -119,8 +120,7 @@ class LlamaCalls:
         self._clock.sleep(seconds, token)
 
     def retrying(self, slot: int, attempts: Attempts, error: InferError, *, offset: int | None = None) -> Retrying:
-        """The `Retrying` event after the running attempt failed with `error`, or `error` raised
-        if it is not retried (`app.call_log.retrying`)."""
+        """The `Retrying` after the attempt failed with `error`, or `error` raised if not retried (`call_log`)."""
         return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     def attempt(

@@ -30,6 +30,7 @@ from types import TracebackType
 from app._sync.call import LlamaCalls
 from app.calls import CLOSE_WAIT_S, Calls
 from app.event_stream import EventStream, Step, check_sink, emit
+from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
@@ -69,6 +70,7 @@ class Client:
         total_slots: int | None,
         n_ctx: int | None = None,
         cache: CacheSettings | None = None,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._calls = Calls()
         self._gate = gate
@@ -83,6 +85,7 @@ class Client:
             total_slots=total_slots,
             n_ctx=n_ctx,
             cache=cache or CacheSettings(predict=False, loss_tokens=CACHE_LOSS_TOKENS),
+            memory=memory,
         )
 
     # -- chat ---------------------------------------------------------------------------------
