@@ -391,3 +391,28 @@ def test_a_restore_the_server_refuses_is_said_and_the_turn_goes_on(
     [prediction] = predictions(events)
     assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED) and Content(ANSWER) in events
     assert any("not restored: HttpError (HTTP 400)" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("status", [404, 501])
+def test_a_server_that_cannot_render_still_saves_and_restores_a_checkpoint(
+    server: FakeServer, client_kind: Kind, status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The checkpoint's record of the prompt it covers needs a rendering; a server without one
+    # still keeps the slot's KV cache: saved, with no prompt on record, and restored by hand.
+    llama = CachingLlama(server)
+    server.route("POST", "/apply-template", error_reply(status, "File Not Found", "not_found_error"))
+    client = client_for(client_kind, server, predict=False)
+    turn(client, SYSTEM, ASK)
+    saved = llama.held[0]
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        checkpoint = client.save_slot(0)
+        assert checkpoint is not None and checkpoint.tokens == len(saved)
+        assert checkpoint.prompt_tokens == 0
+        assert client.save_slot(0) is not None  # asked to render once, and warned once
+    assert paths(server).count("POST /apply-template") == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [f"cache prediction off: the server cannot render a prompt (HTTP {status})"]
+    llama.restart()
+    assert client.restore_slot(0) == checkpoint.tokens and llama.held[0] == saved
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    assert Content(ANSWER) in events and predictions(events) == []  # nothing predicted: it cannot render

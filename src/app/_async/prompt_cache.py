@@ -17,7 +17,8 @@ Invariants:
 - The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
   WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
 - A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
-  then returns None without asking again.
+  then returns None without asking again. One that cannot render still saves: the checkpoint
+  then has no prompt on record, and only `restore_slot` puts it back.
 - A checkpoint is restored only into a server with its template, model and slot context, before
   a request that begins with the prompt it covers: the server itself checks none of it.
 - The client remembers, per slot, only its last completed request and its last checkpoint.
@@ -115,10 +116,7 @@ class AsyncPromptCache:
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
-            if rendering and isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER:
-                self._memory.renders = False
-                log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
-            else:
+            if not (rendering and self._cannot_render(exc)):
                 log.debug("slot %d: cache prediction skipped: %s", slot, loggable(exc))
             return None, None
         log.debug("slot %d: %s", slot, prediction)
@@ -149,6 +147,16 @@ class AsyncPromptCache:
                 prediction.reused,
             )
 
+    def _cannot_render(self, exc: InferError) -> bool:
+        """Whether `exc`, the failure of a rendering, says the server cannot render (404, 501):
+        then the prediction is off for good, with one WARNING."""
+        if not (isinstance(exc, HttpError) and exc.status in _CANNOT_RENDER):
+            return False
+        if self._memory.renders:
+            self._memory.renders = False
+            log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
+        return True
+
     async def _render(self, body: bytes, token: CancelToken, *, quick: bool = True) -> Rendered:
         text = parse_rendered(await self._info.post(APPLY_TEMPLATE_PATH, body, token, quick=quick))
         ids = token_ids_body(text, self._model)
@@ -165,10 +173,14 @@ class AsyncPromptCache:
         props = await self._info.props(token)
         count, digest = covered(())
         previous = self._turns.get(slot)
-        if previous is not None:
-            rendered = previous.rendered or await self._render(previous.body, token, quick=False)
-            self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
-            count, digest = covered(rendered.tokens)
+        if previous is not None and (previous.rendered is not None or self._memory.renders):
+            try:  # the prompt it covers, on record; a server that cannot render saves without one
+                rendered = previous.rendered or await self._render(previous.body, token, quick=False)
+                self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
+                count, digest = covered(rendered.tokens)
+            except InferError as exc:
+                if not self._cannot_render(exc):
+                    raise
         name = checkpoint_filename(slot)
         try:
             answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name), token)
