@@ -40,6 +40,9 @@ class UnwatchedTransport:
     async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> Link:
         return await self._inner.connect(timeout, cancel)
 
+    def close(self) -> None:
+        self._inner.close()
+
     async def open(
         self, method: str, path: str, body: bytes | None = None, *, cancel: CancelSignal | None = None, **options: Any
     ) -> AsyncExchange:

@@ -1,7 +1,8 @@
 """A chat connects before it renders its body (`AsyncServerInfo.link_ahead`), so the proxy's
 accept runs meanwhile; the connection is the one its request goes on, and it never outlives the
 call: a body that cannot be rendered closes it, a wait at the slot gate does not hold it, and a
-client that must ask `/props` for the slot count first makes none."""
+client that must ask `/props` for the slot count first makes none. Closing the client closes the
+socket its transport made ahead for the next connect."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 from adapters.fake_server import FakeServer, RecordedRequest, Script, json_reply, sse_reply
 from adapters.proxy.testing import eventually
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, Kind, recorded
+from app.container import Container
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, Kind, config_for, recorded
 from domain.errors import RequestError
 from domain.events import ChatEvent, Queued
 from domain.messages import ChatRequest
@@ -82,3 +84,15 @@ def test_a_client_that_asks_props_for_the_slot_count_connects_for_the_chat_after
     first, second = server.requests
     assert (first.method, first.path, second.method, second.path) == ("GET", "/props", *CHAT)
     assert server.accepted == 2  # one each: none was made ahead to wait through /props
+
+
+def test_closing_the_client_closes_the_socket_its_transport_made_ahead(server: FakeServer, client_kind: Kind) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    container = Container(config=config_for(server.socket_path))
+    client = client_kind.client_of(container)
+    transport = container.async_transport() if client_kind.is_async else container.transport()
+    client.chat(REQ, lambda _e: None)
+    [(_, waiting)] = transport._ahead._ready  # made once the request was written, for the next connect
+    client.close()
+    assert waiting.fileno() == -1
+    assert transport._ahead._ready == []

@@ -6,11 +6,14 @@ taken; a failure to make one is left to the connect, which says why; closing is 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pytest_mock import MockerFixture
@@ -71,7 +74,7 @@ def sync_requests(path: str, count: int) -> bool:
     transport = UdsTransport(path, header_bytes=16384)
     for _ in range(count):
         transport.open("GET", "/health", None, timeout=1.0).close()
-    return transport._ahead._sock is not None
+    return bool(transport._ahead._ready)
 
 
 def async_requests(path: str, count: int) -> bool:
@@ -79,7 +82,7 @@ def async_requests(path: str, count: int) -> bool:
         transport = AsyncUdsTransport(path, header_bytes=16384)
         for _ in range(count):
             (await transport.open("GET", "/health", None, timeout=1.0)).close()
-        return transport._ahead._sock is not None
+        return bool(transport._ahead._ready)
 
     return asyncio.run(scene())
 
@@ -101,15 +104,14 @@ def test_after_the_first_request_each_connect_takes_the_socket_made_ahead(
 def test_a_transport_made_makes_no_socket_before_its_first_request(listener: tuple[str, socket.socket]) -> None:
     path, server = listener
     transport = UdsTransport(path, header_bytes=16384)
-    assert transport._ahead._sock is None
+    assert transport._ahead._ready == []
     assert accepted(server) == 0
 
 
 def test_a_socket_made_ahead_in_another_process_is_closed_not_taken(mocker: MockerFixture) -> None:
     ahead = SocketAhead()
     ahead.refill()
-    waiting = ahead._sock
-    assert waiting is not None
+    [(_, waiting)] = ahead._ready
     mocker.patch.object(sockets.os, "getpid", return_value=os.getpid() + 1)  # as in a forked child
     assert ahead.take() is None
     assert waiting.fileno() == -1  # closed in this process
@@ -138,7 +140,7 @@ def test_a_socket_that_cannot_be_made_ahead_leaves_the_connect_to_say_why(
     transport = UdsTransport(path, header_bytes=16384)
     mocker.patch.object(sockets.socket, "socket", side_effect=OSError(24, "Too many open files"))
     transport._ahead.refill()  # no raise: nothing made
-    assert transport._ahead._sock is None
+    assert transport._ahead._ready == []
     with pytest.raises(ConnectError, match=f"cannot connect to {path}: no socket.*Too many open files"):
         transport.connect(1.0)
 
@@ -166,13 +168,50 @@ def test_two_threads_taking_at_once_never_share_the_socket() -> None:
 def test_close_closes_the_socket_waiting_and_is_idempotent() -> None:
     ahead = SocketAhead()
     ahead.refill()
-    waiting = ahead._sock
-    assert waiting is not None
+    [(_, waiting)] = ahead._ready
     ahead.close()
     ahead.close()
     assert waiting.fileno() == -1
     assert ahead.take() is None
-    ahead.refill()  # a closed holder still makes the next one
-    sock = ahead.take()
-    assert sock is not None
-    sock.close()
+
+
+@pytest.mark.parametrize("transport_type", [UdsTransport, AsyncUdsTransport])
+def test_a_transport_dropped_in_a_reference_cycle_closes_its_socket_without_a_resource_warning(
+    transport_type: type[UdsTransport] | type[AsyncUdsTransport],
+) -> None:
+    # A Container holds its transport in a cycle: the socket made ahead and its holder are then
+    # garbage together, and the socket must be closed before its own finalizer finds it open.
+    transport = transport_type("/tmp/nowhere.sock", header_bytes=16384)
+    gc.collect(0)  # the transport, and what it holds, now in an older generation than what comes
+    transport._ahead.refill()  # as every request written does: the socket made ahead, young
+    waiting = transport._ahead._ready[0][1]
+    cycle: list[object] = [transport]
+    cycle.append(cycle)
+    del transport, cycle
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert waiting.fileno() == -1
+
+
+def test_a_refill_after_close_makes_nothing_and_one_racing_a_close_leaves_nothing(mocker: MockerFixture) -> None:
+    ahead = SocketAhead()
+    ahead.close()
+    ahead.refill()
+    assert ahead.take() is None
+    # A request written while the client closes: the refill makes its socket as close() runs.
+    racing = SocketAhead()
+    made: list[socket.socket] = []
+    real = socket.socket
+
+    def socket_then_close(*args: Any) -> socket.socket:
+        sock = real(*args)
+        made.append(sock)
+        racing.close()  # the close lands between the socket made and its being kept
+        return sock
+
+    mocker.patch.object(sockets.socket, "socket", socket_then_close)
+    racing.refill()
+    assert racing.take() is None
+    assert [sock.fileno() for sock in made] == [-1]

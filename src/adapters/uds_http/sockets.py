@@ -28,8 +28,8 @@ import contextlib
 import os
 import socket
 import stat
-import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from adapters.system import sleep_unless_cancelled
@@ -285,49 +285,60 @@ class SocketAhead:
     costs tens of µs once the process has sat idle for a few ms (56 µs, against 5 µs warm, on a
     2-core host), all on the way to the request's first byte; made just after a request is
     written (`refill`), while its answer is awaited, it costs the next request nothing. Nothing
-    at the other end knows of it: it holds a descriptor, no connection. A socket made in another
-    process (before a fork) is never taken, only closed. Safe to share between threads."""
+    at the other end knows of it: it holds a descriptor, no connection, until `close` (or until
+    it is collected). A socket made in another process (before a fork) is never taken, only
+    closed. Safe to share between threads, and lock-free, so a fork at any moment leaves the
+    child nothing held."""
 
-    __slots__ = ("_lock", "_pid", "_sock")
+    __slots__ = ("__weakref__", "_closed", "_ready")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sock: socket.socket | None = None
-        self._pid = 0  # the process that made it
+        # (the process that made it, the socket): one at most, but for an instant when two
+        # threads refill at once. A list, as its `pop` and `append` are atomic.
+        self._ready: list[tuple[int, socket.socket]] = []
+        self._closed = False
+        # Closed when this is collected, before the socket's own finalizer could find it open
+        # (the two may be garbage in one cycle, whose finalizers run in no set order).
+        weakref.finalize(self, _close_all, self._ready)
 
     def take(self) -> socket.socket | None:
         """The socket made ahead (the caller owns it), or None."""
-        with self._lock:
-            sock, self._sock = self._sock, None
-        if sock is not None and self._pid != os.getpid():
+        try:
+            pid, sock = self._ready.pop()
+        except IndexError:
+            return None
+        if pid != os.getpid():
             sock.close()  # the parent's (or a sibling's) too: this process makes its own
             return None
         return sock
 
     def refill(self) -> None:
-        """Make the next socket, if none is waiting. A failure (out of descriptors) is left to
-        the next connect, which makes its own and says why it cannot."""
-        if self._sock is not None:
+        """Make the next socket, if none is waiting and `close` has not come. A failure (out of
+        descriptors) is left to the next connect, which makes its own and says why it cannot."""
+        if self._ready or self._closed:
             return
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError:
             return
-        with self._lock:
-            if self._sock is None:
-                self._sock, self._pid = sock, os.getpid()
-                return
-        sock.close()
+        ready = self._ready
+        ready.append((os.getpid(), sock))
+        while len(ready) > 1:  # another thread refilled at once: one is enough
+            with contextlib.suppress(IndexError):
+                ready.pop()[1].close()
+        if self._closed:  # a close that came meanwhile
+            _close_all(ready)
 
     def close(self) -> None:
-        """Close the socket waiting, if any (idempotent; the next `refill` makes another)."""
-        with self._lock:
-            sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
+        """Close the socket waiting, if any, and make none from now on. Idempotent."""
+        self._closed = True
+        _close_all(self._ready)
 
-    def __del__(self) -> None:
-        self.close()
+
+def _close_all(ready: list[tuple[int, socket.socket]]) -> None:
+    while ready:
+        with contextlib.suppress(IndexError):
+            ready.pop()[1].close()
 
 
 def unix_socket(path: str) -> socket.socket:

@@ -73,6 +73,7 @@ class AsyncClient:
     ) -> None:
         self._calls = AsyncCalls()
         self._gate = gate
+        self._transport = transport
         self._llama = AsyncLlamaCalls(
             transport=transport,
             probe=probe,
@@ -200,9 +201,11 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
-        they have ended (waiting at most `CLOSE_WAIT_S`). Idempotent."""
+        they have ended (waiting at most `CLOSE_WAIT_S`), the transport closed (the socket it
+        made ahead). Idempotent."""
         if self._calls.close_all():
             await self._calls.wait_idle(CLOSE_WAIT_S)
+        self._transport.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

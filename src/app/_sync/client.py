@@ -74,6 +74,7 @@ class Client:
     ) -> None:
         self._calls = Calls()
         self._gate = gate
+        self._transport = transport
         self._llama = LlamaCalls(
             transport=transport,
             probe=probe,
@@ -201,9 +202,11 @@ class Client:
 
     def close(self) -> None:
         """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
-        they have ended (waiting at most `CLOSE_WAIT_S`). Idempotent."""
+        they have ended (waiting at most `CLOSE_WAIT_S`), the transport closed (the socket it
+        made ahead). Idempotent."""
         if self._calls.close_all():
             self._calls.wait_idle(CLOSE_WAIT_S)
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self

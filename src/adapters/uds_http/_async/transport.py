@@ -40,6 +40,11 @@ class AsyncUdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
+    def close(self) -> None:
+        """Close the socket made ahead, and make none from now on (a later connect makes its
+        own). Exchanges open go on. Idempotent."""
+        self._ahead.close()
+
     async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> AsyncSocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
         return await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead)

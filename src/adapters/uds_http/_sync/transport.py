@@ -41,6 +41,11 @@ class UdsTransport:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
 
+    def close(self) -> None:
+        """Close the socket made ahead, and make none from now on (a later connect makes its
+        own). Exchanges open go on. Idempotent."""
+        self._ahead.close()
+
     def connect(self, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
         return SocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
