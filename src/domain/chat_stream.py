@@ -38,7 +38,6 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -97,7 +96,7 @@ class ChatStream:
     `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
     progress report is the only bound."""
 
-    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_reasoning", "_stalled", "timeout")
+    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_reasoning", "_stalled")
 
     def __init__(
         self,
@@ -120,13 +119,14 @@ class ChatStream:
         self._liveness = Liveness(limits.liveness_ms, now)
         self._over = False
         self._stalled = False
-        # Seconds the next read may wait (given `now`): the silence left before `Stalled`. The
-        # liveness's own method, one call a read on the hot path.
-        self.timeout: Callable[[float], float] = self._liveness.timeout
 
     @property
     def completion_id(self) -> str | None:
         return self._assembler.completion_id
+
+    def timeout(self, now: float) -> float:
+        """Seconds the next read may wait: the silence left before `Stalled`."""
+        return self._liveness.timeout(now)
 
     def silence(self, now: float) -> None:
         """A read brought nothing by `now`; raises `Stalled` once the silence reached the limit.

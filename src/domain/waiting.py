@@ -214,8 +214,7 @@ class Liveness:
 
     def timeout(self, now: float) -> float:
         """Seconds left until the silence is `Stalled` (0 once expired): the read timeout to use."""
-        last = self._last  # (`expired`, written out: the hot path's one call a read)
-        return 0.0 if now - last >= self._limit - _EPS_S else last + self._limit - now
+        return 0.0 if self.expired(now) else self._last + self._limit - now
 
     def expired(self, now: float) -> bool:
         """Whether the silence has reached the limit (reaching it exactly counts)."""
