@@ -25,7 +25,7 @@ from app.client import Client
 from app.config import Config
 from domain.cache import cache_outcome
 from domain.completion import Completion, FinishReason
-from domain.errors import InferError
+from domain.errors import InferError, shown
 from domain.events import ChatEvent
 from domain.llama_api import Props
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, ToolSchema, UserMessage
@@ -151,7 +151,7 @@ def check_tool_call(target: Target) -> CheckResult:
     tokens = _tokens(completion)
     calls = [c for c in completion.tool_calls if c.name == TOOL.name]
     if not calls:
-        names = [c.name for c in completion.tool_calls] or "none"
+        names = shown([c.name for c in completion.tool_calls]) if completion.tool_calls else "none"
         content = "no content" if completion.content is None else f"content {completion.content[:80]!r}"
         hint = "" if completion.tool_calls else _prefill_hint(config)
         return CheckResult(
@@ -167,7 +167,7 @@ def check_tool_call(target: Target) -> CheckResult:
             "tool call", False, f"{TOOL.name} arguments are not JSON ({exc}): {calls[0].arguments[:80]!r}", tokens
         )
     if not isinstance(args, dict):
-        return CheckResult("tool call", False, f"{TOOL.name} arguments are not an object: {args!r}", tokens)
+        return CheckResult("tool call", False, f"{TOOL.name} arguments are not an object: {shown(args)}", tokens)
     if completion.finish_reason is not FinishReason.TOOL_CALLS:
         return CheckResult(
             "tool call", False, f"finish_reason {completion.finish_reason.value}, expected tool_calls", tokens

@@ -44,7 +44,7 @@ import sys
 from typing import Any
 
 from domain.completion import Completion, FinishReason, Timings
-from domain.errors import InferError, ProtocolError, StreamClosedEarly, stream_error
+from domain.errors import InferError, ProtocolError, StreamClosedEarly, shown, stream_error
 from domain.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
 from domain.messages import ToolCall
 
@@ -69,14 +69,14 @@ def _set_once(index: int, field: str, old: str | None, new: object) -> str | Non
     if type(new) is not str:
         raise ProtocolError(f"tool call {index}: {field} is a {type(new).__name__}, not a string")
     if old is not None and old != new:
-        raise ProtocolError(f"tool call {index} changed its {field} from {old!r} to {new!r}")
+        raise ProtocolError(f"tool call {index} changed its {field} from {shown(old)} to {shown(new)}")
     return new
 
 
 def _int_field(data: dict[str, Any], key: str, where: str) -> int:
     value = data.get(key, 0)
     if type(value) is not int:
-        raise ProtocolError(f"{where}.{key} is {value!r}, not an integer")
+        raise ProtocolError(f"{where}.{key} is {shown(value)}, not an integer")
     return value
 
 
@@ -158,7 +158,7 @@ class Assembler:
             self._failed = exc
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
-            self._failed = ProtocolError(f"malformed chunk {self._chunks}: {exc!r}: {str(chunk)[:200]}")
+            self._failed = ProtocolError(f"malformed chunk {self._chunks}: {exc!r}: {shown(chunk)}")
             raise self._failed from exc
 
     def _feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
@@ -178,7 +178,7 @@ class Assembler:
                     self._predicted = predicted
                     self.advanced = True
             elif predicted is not None:
-                raise ProtocolError(f"timings.predicted_n is {predicted!r}, not an integer")
+                raise ProtocolError(f"timings.predicted_n is {shown(predicted)}, not an integer")
         events = _NOTHING
         progress = chunk.get("prompt_progress")
         if progress is not None:
@@ -198,7 +198,7 @@ class Assembler:
         if reason is not None:
             finish = _FINISH.get(reason)
             if finish is None:
-                raise ProtocolError(f"unknown finish_reason {reason!r}")
+                raise ProtocolError(f"unknown finish_reason {shown(reason)}")
             self._finish = finish
             self.finished = True
             self.advanced = True
@@ -277,7 +277,7 @@ class Assembler:
         for delta in calls:
             index = delta.get("index")
             if type(index) is not int or index < 0:
-                raise ProtocolError(f"tool call delta has index {index!r}, not a non-negative integer")
+                raise ProtocolError(f"tool call delta has index {shown(index)}, not a non-negative integer")
             call = self._calls.get(index)
             if call is None:
                 if self._max_calls is not None and len(self._calls) >= self._max_calls:
@@ -316,7 +316,7 @@ class Assembler:
         if t is None:
             return Timings()
         if not isinstance(t, dict):
-            raise ProtocolError(f"timings is {t!r}, not an object")
+            raise ProtocolError(f"timings is {shown(t)}, not an object")
         return Timings(
             _int_field(t, "cache_n", "timings"),
             _int_field(t, "prompt_n", "timings"),

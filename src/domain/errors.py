@@ -6,7 +6,47 @@ catch `InferError` and nothing else.
 
 from __future__ import annotations
 
+import reprlib
+from itertools import islice
+
 ERROR_BODY_BYTES = 4096
+SHOWN_CHARS = 120  # characters of an offending value quoted in an error
+
+
+class _Shown(reprlib.Repr):
+    """Three levels deep and six items a level: a value a thousand levels deep (JSON allows it)
+    has no plain repr at all (`RecursionError`), and a long one none worth reading. A dict keeps
+    its keys in the order they came (`reprlib` sorts them); text is cut at its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 6
+        self.maxstring = self.maxother = self.maxlong = SHOWN_CHARS
+
+    def repr_str(self, x: str, level: int) -> str:
+        return repr(x[: self.maxstring])  # cut at its end, by `shown`, not in its middle
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        return repr(x[: self.maxstring])
+
+    def repr_dict(self, x: dict[object, object], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(items) + (", ...}" if len(x) > self.maxdict else "}")
+
+
+_SHOWN = _Shown()
+
+
+def shown(value: object) -> str:
+    """A value quoted in an error message (most often the server's): its repr, at most
+    `SHOWN_CHARS` characters, never nested past three levels, whatever the value."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 
 class InferError(Exception):

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-from domain.errors import ProtocolError, RequestError, StreamClosedEarly
+from domain.errors import SHOWN_CHARS, ProtocolError, RequestError, StreamClosedEarly, shown
 from domain.hashing import sha256
 from domain.request_options import INT32_MAX
 from ports.slot_probe import SlotState
@@ -50,7 +50,6 @@ REATTACH_REFUSED: Final = frozenset({400, 404})
 # get the stream, or its 404.
 REATTACH_LATER: Final = frozenset({503})
 
-_SHOWN = 120  # characters of an offending value quoted in an error
 _UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
@@ -137,20 +136,15 @@ def loads(raw: bytes | str, where: str) -> Any:
         raise ProtocolError(f"{where}: answer is not valid JSON ({exc})") from exc
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
-
-
 def _object(value: object, path: str) -> dict[str, Any]:
     if type(value) is not dict:
-        raise ProtocolError(f"{path} is {_show(value)}, not an object")
+        raise ProtocolError(f"{path} is {shown(value)}, not an object")
     return value
 
 
 def _list(value: object, path: str) -> list[Any]:
     if type(value) is not list:
-        raise ProtocolError(f"{path} is {_show(value)}, not a list")
+        raise ProtocolError(f"{path} is {shown(value)}, not a list")
     return value
 
 
@@ -160,8 +154,8 @@ def _count(obj: dict[str, Any], key: str, path: str, *, positive: bool = False, 
     value = obj.get(key)
     if type(value) is not int or value < (1 if positive else 0) or (most is not None and value > most):
         need = "a positive integer" if positive else "a non-negative integer"
-        shown = "missing" if key not in obj else _show(value)
-        raise ProtocolError(f"{path}.{key} is {shown}, not {need}{'' if most is None else f' up to {most}'}")
+        quoted = "missing" if key not in obj else shown(value)
+        raise ProtocolError(f"{path}.{key} is {quoted}, not {need}{'' if most is None else f' up to {most}'}")
     return value
 
 
@@ -176,8 +170,8 @@ def parse_props(raw: bytes) -> Props:
     data = _object(loads(raw, where), where)
     template = data.get("chat_template")
     if type(template) is not str:
-        shown = "missing" if "chat_template" not in data else _show(template)
-        raise ProtocolError(f"{where}.chat_template is {shown}, not a string")
+        quoted = "missing" if "chat_template" not in data else shown(template)
+        raise ProtocolError(f"{where}.chat_template is {quoted}, not a string")
     settings = _object(data.get("default_generation_settings"), f"{where}.default_generation_settings")
     return Props(
         chat_template=template,
@@ -199,7 +193,7 @@ def parse_slots(raw: bytes) -> list[SlotInfo]:
         slot_id = _count(entry, "id", path, most=INT32_MAX)
         busy = entry.get("is_processing")
         if type(busy) is not bool:
-            raise ProtocolError(f"{path}.is_processing is {_show(busy)}, not a boolean")
+            raise ProtocolError(f"{path}.is_processing is {shown(busy)}, not a boolean")
         n_ctx = entry.get("n_ctx")
         out.append(SlotInfo(slot_id, busy, n_ctx if type(n_ctx) is int and n_ctx > 0 else None))
     return out
@@ -225,7 +219,7 @@ def parse_tokens(raw: bytes) -> list[Token]:
             data_bytes = bytes(piece)
             out.append(Token(token_id, data_bytes.decode("utf-8", "replace"), data_bytes))
         else:
-            raise ProtocolError(f"{path}.piece is {_show(piece)}, neither text nor a list of byte values")
+            raise ProtocolError(f"{path}.piece is {shown(piece)}, neither text nor a list of byte values")
     return out
 
 
@@ -235,10 +229,10 @@ def control_refusal(raw: bytes) -> str | None:
     try:
         answer = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return f"the server answered non-JSON {_show(raw[:_SHOWN])}"
+        return f"the server answered non-JSON {shown(raw[:SHOWN_CHARS])}"
     if type(answer) is dict and answer.get("success") is True:
         return None
-    return f"the server answered {_show(answer)}"
+    return f"the server answered {shown(answer)}"
 
 
 def _slot_entry(raw: bytes, slot: int) -> dict[str, Any] | None:
@@ -294,7 +288,7 @@ def parse_rendered(raw: bytes) -> str:
     where = APPLY_TEMPLATE_PATH
     prompt = _object(loads(raw, where), where).get("prompt")
     if type(prompt) is not str:
-        raise ProtocolError(f"{where}.prompt is {_show(prompt)}, not a string")
+        raise ProtocolError(f"{where}.prompt is {shown(prompt)}, not a string")
     return prompt
 
 
@@ -304,7 +298,7 @@ def parse_token_ids(raw: bytes) -> list[int]:
     tokens = _list(_object(loads(raw, where), where).get("tokens"), f"{where}.tokens")
     for i, token in enumerate(tokens):
         if type(token) is not int or not 0 <= token <= INT32_MAX:
-            raise ProtocolError(f"{where}.tokens[{i}] is {_show(token)}, not a token id")
+            raise ProtocolError(f"{where}.tokens[{i}] is {shown(token)}, not a token id")
     return tokens
 
 

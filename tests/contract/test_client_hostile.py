@@ -267,3 +267,25 @@ def test_a_control_answer_that_is_not_json_is_a_refusal(server: FakeServer, clie
 
     with pytest.raises(ThinkingOverrun, match="not accepted: the server answered non-JSON"):
         client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, lambda event: None)
+
+
+# -- values nested a thousand deep (orjson reads them; Python's repr of them fails) ---------------
+
+DEEP = b"[" * 1000 + b"]" * 1000
+
+
+def test_a_chunk_with_a_value_nested_a_thousand_deep_is_a_protocol_error(server: FakeServer, client_kind: Kind) -> None:
+    deep = b'data: {"choices":[],"prompt_progress":{"total":' + DEEP + b',"cache":0,"processed":0}}\n\n'
+    server.route(*CHAT, sse_reply([chunk(ROLE), deep]))
+    with pytest.raises(ProtocolError, match=r"prompt_progress\.total is \[\[\["):
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+
+def test_an_answer_with_a_value_nested_a_thousand_deep_is_a_protocol_error(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(
+        *PROPS, Reply(200, (("Content-Type", "application/json"),), [Piece(0.0, b'{"chat_template":' + DEEP + b"}")])
+    )
+    with pytest.raises(ProtocolError, match=r"chat_template is \[\[\["):
+        client_kind.client_for(server).props()

@@ -389,9 +389,12 @@ def test_only_a_non_empty_text_id_is_taken_as_the_completion_id(first_id: object
     assert assembler.completion_id == "chatcmpl-2"
 
 
-def test_a_malformed_chunk_is_quoted_up_to_200_characters() -> None:
+def test_a_malformed_chunk_is_quoted_in_at_most_123_characters() -> None:
     chunk = {"choices": [{"index": 0, "delta": "x" * 300}]}
     with pytest.raises(ProtocolError) as caught:
         Assembler().feed(chunk)
-    assert str(caught.value).startswith("malformed chunk 1: AttributeError(")
-    assert str(caught.value).endswith(": " + str(chunk)[:200])
+    message = str(caught.value)
+    assert message.startswith("malformed chunk 1: AttributeError(")
+    quote = message[message.index("{'choices'") :]
+    assert quote.startswith("{'choices': [{'index': 0, 'delta': 'xxxx")
+    assert len(quote) <= 123 and quote.endswith("...")
