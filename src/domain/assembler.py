@@ -1,38 +1,33 @@
 """Folds the decoded chunks of one chat-completions stream into events and one `Completion`.
-
 Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed`, which returns
-the events it carries; `result` gives the `Completion` once the final chunk has been seen.
+its events; `result` gives the `Completion` once the final chunk has been seen.
 
 Invariants:
-- One chunk may carry `prompt_progress` (top level) and a delta; its events come in that order:
-  `Progress`, then `Reasoning`, `Content`, `ToolCallDelta`s. Role-only and empty deltas, and
-  chunks with `choices: []` (usage), yield nothing.
+- A chunk's events come in this order: `Progress` (its top-level `prompt_progress`), then
+  `Reasoning`, `Content`, `ToolCallDelta`s. Role-only and empty deltas, and `choices: []`, yield
+  nothing.
 - Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries
-  them (a later equal value is ignored, a different one is a `ProtocolError`); `arguments`
-  pieces are concatenated; `type` is never concatenated.
-- `timings` are the latest seen on any chunk. `reasoning_tokens` never falls and is at least
-  both the `timings.predicted_n` of the latest chunk that carried `reasoning_content` and the
-  number of chunks that carried reasoning text, so a server whose `predicted_n` is stuck or
-  missing cannot hold the thinking cap off; `in_reasoning` is true from a reasoning delta until a
-  content or tool-call delta or the final chunk.
-- `advanced` says whether the last chunk fed moved the generation on (the liveness rule): new
-  text in content or reasoning, a tool call's first name or an arguments piece, a
-  `prompt_progress` whose `processed` grew (up to the `total` its first one gave, and never past
-  `max_prompt_tokens`, a bound the client knows: a server's `total` alone could be 2**62), a
-  `timings.predicted_n` that grew (up to `max_predicted`: the server can hold text back while
-  tokens advance), or the final chunk. A role-only or empty delta, `{}`, `choices: []`, a repeated
-  progress or an id alone advance nothing, exactly like a keep-alive comment.
-- The assembled answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes)
-  is capped at `max_answer_bytes`; past it, `ProtocolError`. At most `max_tool_calls` distinct
-  tool-call indexes are taken; one more is a `ProtocolError` (an index costs memory even when
-  its deltas carry no byte of answer).
-- Memory follows the answer's size, not the number of chunks: streamed text (content, reasoning,
-  each call's arguments) is kept as UTF-8 in one growing buffer each, never as an object per
-  delta: at most about `max_answer_bytes` (and an eighth), plus the `Completion`'s `str`s.
-- An error chunk (`{"error": ...}`) raises `HttpError(code, the chunk as JSON)`; a malformed
-  chunk raises `ProtocolError`. After either, the assembler refuses further input.
-- `finished` turns true on the chunk with a `finish_reason`; `result` before that raises
-  `StreamClosedEarly`.
+  them (a different later value is a `ProtocolError`); `arguments` pieces are concatenated.
+- `timings` are the latest seen. `reasoning_tokens` never falls and is at least both the latest
+  reasoning chunk's `timings.predicted_n` and the number of chunks with reasoning text, so a
+  stuck or missing `predicted_n` cannot hold the thinking cap off; `in_reasoning` is true from
+  a reasoning delta until a content or tool-call delta or the final chunk.
+- `advanced` says whether the last chunk moved the generation on (the liveness rule): new text,
+  a tool call's first name, a `prompt_progress` whose `processed` grew (up to its first `total`
+  and `max_prompt_tokens`, a bound the client knows), a `predicted_n` that grew (up to
+  `max_predicted`), or the final chunk; never a role-only or empty delta, `{}`, `choices: []`, a
+  repeated progress or an id alone, exactly like a keep-alive comment.
+- At most `PIECES_PER_TOKEN` chunks that grow the answer per token of `max_predicted`, plus
+  `PIECES_SLACK`; one more is a `ProtocolError`. llama-server sends a chunk per change a token
+  makes (its reasoning, its content, each tool call it touches), so an honest stream never nears
+  it, and text cannot keep a call alive past the tokens it asked for (one character each
+  `liveness_ms` would otherwise go on for `answer_bytes` of them).
+- The answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes) is capped
+  at `max_answer_bytes`, tool-call indexes at `max_tool_calls`; past either, `ProtocolError`.
+  Streamed text is kept as UTF-8 in one growing buffer each, never as an object per delta.
+- An error chunk raises `HttpError(code, the chunk as JSON)`; a malformed one `ProtocolError`;
+  after either, the assembler refuses input. `result` before the final chunk (the one with a
+  `finish_reason`) raises `StreamClosedEarly`.
 
 `feed` runs once per token, so it avoids validation libraries and allocates only the events.
 """
@@ -45,32 +40,14 @@ from typing import Any
 
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import InferError, ProtocolError, StreamClosedEarly, shown, stream_error
-from domain.events import ChatEvent, Content, Progress, Reasoning, ToolCallDelta
-from domain.messages import ToolCall
+from domain.events import ChatEvent, Content, Progress, Reasoning
+from domain.tool_calls import ToolCalls
 
 _FINISH = {reason.value: reason for reason in FinishReason}
 _NOTHING: tuple[ChatEvent, ...] = ()
-
-
-class _Call:
-    """One tool call being assembled."""
-
-    __slots__ = ("arguments", "id", "name")
-
-    def __init__(self) -> None:
-        self.id: str | None = None
-        self.name: str | None = None
-        self.arguments = bytearray()  # UTF-8
-
-
-def _set_once(index: int, field: str, old: str | None, new: object) -> str | None:
-    if new is None or new == "":
-        return old
-    if type(new) is not str:
-        raise ProtocolError(f"tool call {index}: {field} is a {type(new).__name__}, not a string")
-    if old is not None and old != new:
-        raise ProtocolError(f"tool call {index} changed its {field} from {shown(old)} to {shown(new)}")
-    return new
+# Chunks that grow the answer, per token of `max_predicted` and in all besides (see the module).
+PIECES_PER_TOKEN = 4
+PIECES_SLACK = 16
 
 
 def _int_field(data: dict[str, Any], key: str, where: str) -> int:
@@ -92,21 +69,22 @@ class Assembler:
     __slots__ = (
         "_answer_bytes",
         "_answer_cap",
-        "_calls",
         "_chunks",
         "_content",
         "_failed",
         "_finish",
         "_max_answer",
-        "_max_calls",
+        "_max_pieces",
         "_max_predicted",
         "_max_prompt",
+        "_pieces",
         "_predicted",
         "_processed",
         "_progress_total",
         "_reasoning",
         "_reasoning_chunks",
         "_timings",
+        "_tools",
         "advanced",
         "completion_id",
         "finished",
@@ -129,17 +107,18 @@ class Assembler:
         self.advanced = False
         self._max_answer = max_answer_bytes
         self._max_predicted = max_predicted
-        self._max_calls = max_tool_calls
         self._max_prompt = max_prompt_tokens
         self._answer_bytes = 0
         self._answer_cap = sys.maxsize if max_answer_bytes is None else max_answer_bytes
         self._reasoning_chunks = 0
+        self._pieces = 0  # chunks that grew the answer
+        self._max_pieces = sys.maxsize if max_predicted is None else PIECES_PER_TOKEN * max_predicted + PIECES_SLACK
         self._predicted = 0
         self._processed = -1
         self._progress_total: int | None = None
         self._content = bytearray()  # UTF-8, as are the two below
         self._reasoning = bytearray()
-        self._calls: dict[int, _Call] = {}
+        self._tools = ToolCalls(max_tool_calls)
         self._timings: dict[str, Any] | None = None
         self._finish: FinishReason | None = None
         self._failed: InferError | None = None
@@ -193,7 +172,15 @@ class Assembler:
         choice = choices[0]
         delta = choice.get("delta")
         if delta:
+            grown = self._answer_bytes
             events = self._delta(delta, predicted, events)
+            if self._answer_bytes != grown:
+                self._pieces += 1
+                if self._pieces > self._max_pieces:
+                    raise ProtocolError(
+                        f"the answer grew in {self._pieces} chunks, more than max_tokens={self._max_predicted} allows"
+                        f" ({PIECES_PER_TOKEN} a token, plus {PIECES_SLACK})"
+                    )
         reason = choice.get("finish_reason")
         if reason is not None:
             finish = _FINISH.get(reason)
@@ -241,7 +228,9 @@ class Assembler:
         calls = delta.get("tool_calls")
         if calls:
             self.in_reasoning = False
-            events = (*events, *self._tool_deltas(calls))
+            grew, deltas = self._tools.feed(calls, self._grow, self._chunks)
+            self.advanced = self.advanced or grew
+            events = (*events, *deltas)
         return events
 
     def _progress(self, progress: dict[str, Any]) -> Progress:
@@ -272,43 +261,6 @@ class Assembler:
         limit = self._max_answer
         return ProtocolError(f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks")
 
-    def _tool_deltas(self, calls: list[dict[str, Any]]) -> list[ChatEvent]:
-        out: list[ChatEvent] = []
-        for delta in calls:
-            index = delta.get("index")
-            if type(index) is not int or index < 0:
-                raise ProtocolError(f"tool call delta has index {shown(index)}, not a non-negative integer")
-            call = self._calls.get(index)
-            if call is None:
-                if self._max_calls is not None and len(self._calls) >= self._max_calls:
-                    raise ProtocolError(
-                        f"the answer grew past the {self._max_calls}-tool-call limit (tool_calls)"
-                        f" with index {index} after {self._chunks} chunks"
-                    )
-                call = self._calls[index] = _Call()
-            function = delta.get("function") or {}
-            new_id = delta.get("id")
-            name = function.get("name")
-            old_id, old_name = call.id, call.name
-            call.id = _set_once(index, "id", old_id, new_id)
-            call.name = _set_once(index, "name", old_name, name)
-            # `_set_once` refused a changed value, so a value is new only where there was none.
-            if old_id is None and call.id is not None:
-                self._grow(call.id)
-            if old_name is None and call.name is not None:
-                self._grow(call.name)
-                self.advanced = True
-            arguments = function.get("arguments")
-            if arguments is None:
-                arguments = ""
-            elif type(arguments) is not str:
-                raise ProtocolError(f"tool call {index}: arguments is a {type(arguments).__name__}")
-            elif arguments:
-                call.arguments += self._grow(arguments)
-                self.advanced = True
-            out.append(ToolCallDelta(index, new_id or None, name or None, arguments))
-        return out
-
     @property
     def timings(self) -> Timings:
         """The latest per-chunk timings (zeros before any)."""
@@ -331,17 +283,12 @@ class Assembler:
             raise StreamClosedEarly(
                 f"the stream ended before its final chunk (no finish_reason after {self._chunks} chunks)"
             )
-        calls = []
-        for index in sorted(self._calls):
-            call = self._calls[index]
-            if call.name is None:
-                raise ProtocolError(f"tool call {index} never named its function")
-            calls.append(ToolCall(call.id or "", call.name, call.arguments.decode("utf-8")))
+        calls = self._tools.result()
         return Completion(
             id=self.completion_id or "",
             content=self._content.decode("utf-8") if self._content else None,
             reasoning_content=self._reasoning.decode("utf-8") if self._reasoning else None,
-            tool_calls=tuple(calls),
+            tool_calls=calls,
             finish_reason=self._finish,
             timings=self.timings,
             reasoning_tokens=self.reasoning_tokens,

@@ -61,22 +61,24 @@ def prompt_token_bound(body_len: int, n_ctx: int | None) -> int:
     """The most tokens the prompt of a request whose body is `body_len` bytes can have, on a slot
     of `n_ctx` tokens (`None` when unknown): what `ChatStream`'s `max_prompt_tokens` should be.
 
-    A prompt cannot have more tokens than the slot's context: llama-server refuses a longer one,
-    so with `n_ctx` known it is the bound. Without it, the bound comes from the body: each token
-    of the rendered prompt stands for at least one byte of its text (a tokenizer falls back to
-    single bytes, never to less), apart from the template's special tokens. That text is the
-    body's text with its JSON quoting removed, which never makes it longer, except where the
-    template renders JSON again (tool schemas, tool-call arguments), with at most a space after
-    each separator: less than twice the bytes. Hence `PROMPT_TOKENS_PER_BODY_BYTE` tokens a body
-    byte, plus `PROMPT_TEMPLATE_TOKENS` for the template's own text.
+    The bound comes from the body: each token of the rendered prompt stands for at least one byte
+    of its text (a tokenizer falls back to single bytes, never to less), apart from the
+    template's special tokens. That text is the body's text with its JSON quoting removed, which
+    never makes it longer, except where the template renders JSON again (tool schemas, tool-call
+    arguments), with at most a space after each separator: less than twice the bytes. Hence
+    `PROMPT_TOKENS_PER_BODY_BYTE` tokens a body byte, plus `PROMPT_TEMPLATE_TOKENS` for the
+    template's own text. A prompt cannot have more tokens than the slot's context either
+    (llama-server refuses a longer one): with `n_ctx` known, the smaller of the two. So a
+    context the server claims (`/props`, when the config pins none) can only tighten it.
     """
     if body_len < 0:
         raise ValueError(f"body_len must not be negative, got {body_len}")
+    bound = PROMPT_TOKENS_PER_BODY_BYTE * body_len + PROMPT_TEMPLATE_TOKENS
     if n_ctx is not None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be positive, got {n_ctx}")
-        return n_ctx
-    return PROMPT_TOKENS_PER_BODY_BYTE * body_len + PROMPT_TEMPLATE_TOKENS
+        return min(n_ctx, bound)
+    return bound
 
 
 @dataclass(frozen=True, slots=True)

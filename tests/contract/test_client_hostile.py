@@ -289,3 +289,16 @@ def test_an_answer_with_a_value_nested_a_thousand_deep_is_a_protocol_error(
     )
     with pytest.raises(ProtocolError, match=r"chat_template is \[\[\["):
         client_kind.client_for(server).props()
+
+
+def test_text_alone_cannot_keep_a_call_alive_past_the_tokens_it_asked_for(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    # One character every 30 ms (well within liveness), no predicted_n, forever: with
+    # max_tokens = 2 the answer may grow in 4 * 2 + 16 chunks, and the next one ends the call.
+    drip = [Piece(0.03, sse_event(chunk({"content": "x"}, n=None))) for _ in range(200)]
+    server.route(*CHAT, Reply(200, (("Content-Type", "text/event-stream"),), drip, end=End.SILENCE, chunked=True))
+    started = time.monotonic()
+    with pytest.raises(ProtocolError, match=r"grew in 25 chunks, more than max_tokens=2 allows"):
+        client_kind.client_for(server, max_tokens=2).chat(REQ, lambda event: None)
+    assert time.monotonic() - started < 25 * 0.03 + ENDS_WITHIN_S

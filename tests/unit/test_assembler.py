@@ -398,3 +398,54 @@ def test_a_malformed_chunk_is_quoted_in_at_most_123_characters() -> None:
     quote = message[message.index("{'choices'") :]
     assert quote.startswith("{'choices': [{'index': 0, 'delta': 'xxxx")
     assert len(quote) <= 123 and quote.endswith("...")
+
+
+# -- the answer grows in at most PIECES_PER_TOKEN chunks a token of max_predicted (plus a slack) --
+
+
+def content(text: str) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": {"content": text}}]}
+
+
+def test_the_answer_may_grow_in_four_chunks_a_token_and_sixteen_more() -> None:
+    assembler = Assembler(max_predicted=5)
+    allowed = 4 * 5 + 16
+    for _ in range(allowed):
+        assembler.feed(content("x"))
+    with pytest.raises(ProtocolError, match=r"grew in 37 chunks, more than max_tokens=5 allows \(4 a token, plus 16\)"):
+        assembler.feed(content("x"))
+
+
+@pytest.mark.parametrize(
+    "grows",
+    [
+        {"choices": [{"index": 0, "delta": {"reasoning_content": "r"}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "a"}}]}}]},
+    ],
+    ids=["reasoning", "tool arguments"],
+)
+def test_reasoning_and_tool_arguments_count_as_chunks_that_grow_the_answer(grows: dict[str, Any]) -> None:
+    assembler = Assembler(max_predicted=1)
+    assembler.feed({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "f"}}]}}]})
+    for _ in range(4 + 16 - 1):
+        assembler.feed(grows)
+    with pytest.raises(ProtocolError, match="more than max_tokens=1 allows"):
+        assembler.feed(grows)
+
+
+def test_chunks_that_grow_nothing_are_not_counted() -> None:
+    assembler = Assembler(max_predicted=1)
+    for _ in range(100):
+        assembler.feed({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        assembler.feed({"choices": [], "timings": {"predicted_n": 1}})
+    for _ in range(4 + 16):
+        assembler.feed(content("x"))
+    assert assembler.feed({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}) == ()
+    assert assembler.result().content == "x" * 20
+
+
+def test_without_max_predicted_the_chunks_are_not_bounded() -> None:
+    assembler = Assembler()
+    for _ in range(1000):
+        assembler.feed(content("x"))
+    assert assembler.advanced

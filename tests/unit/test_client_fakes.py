@@ -303,14 +303,14 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
 
 def test_a_long_prompt_reporting_progress_has_no_total_deadline(rig_for: Callable[..., Rig]) -> None:
     # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer. The
-    # slot holds the 30000-token prompt (progress past the slot's n_ctx would keep nothing alive).
-    batches = [chunk({"role": "assistant", "content": None}, progress=(30_000, 0, 1000 * i)) for i in range(30)]
+    # prompt fits the slot and what the body can hold (progress past either keeps nothing alive).
+    batches = [chunk({"role": "assistant", "content": None}, progress=(3_000, 0, 100 * i)) for i in range(30)]
     rig = rig_for({CHAT: sse_reply([*batches, *ANSWER], delay_s=20.0)}, expect={**EXPECT, "n_ctx": 32_768})
 
     completion = rig.chat()
 
     assert completion == COMPLETION
-    assert rig.events == [*(Progress(30_000, 0, 1000 * i) for i in range(30)), *ANSWER_EVENTS]
+    assert rig.events == [*(Progress(3_000, 0, 100 * i) for i in range(30)), *ANSWER_EVENTS]
     # The call returns at the final chunk (the 4th of ANSWER): `[DONE]` is not waited for.
     assert rig.clock.now() == pytest.approx(20.0 * (30 + 3))
 

@@ -77,8 +77,10 @@ def test_without_the_bound_the_same_server_keeps_the_call_alive() -> None:
     assert stream.timeout(10.0) > 0  # still alive after 10 s of inflated progress
 
 
-def test_the_bound_is_the_slots_context_when_it_is_known() -> None:
-    assert prompt_token_bound(10, 32768) == 32768
+def test_a_known_context_only_tightens_the_bound_the_body_gives() -> None:
+    # The context a server claims (from /props) can be 2**31 - 1: it never loosens the bound.
+    assert prompt_token_bound(10, 32768) == 2 * 10 + 4096
+    assert prompt_token_bound(10, 2**31 - 1) == 2 * 10 + 4096
     assert prompt_token_bound(10**9, 4096) == 4096
 
 
