@@ -136,10 +136,6 @@ class Transport(Protocol):
         link: Link | None = None,
     ) -> Exchange: ...
 
-    def close(self) -> None:
-        """Give back what the transport holds ahead of its next connect (the client's close
-        calls it); it still opens exchanges after, holding nothing ahead. Idempotent."""
-
 
 @runtime_checkable
 class AsyncExchange(Protocol):
@@ -170,6 +166,3 @@ class AsyncTransport(Protocol):
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
     ) -> AsyncExchange: ...
-
-    def close(self) -> None:
-        """`Transport.close`: a plain call in both flavours."""

@@ -175,15 +175,10 @@ class ScriptedTransport:
         self.socket_path = socket_path
         self.header_bytes = header_bytes
         self.refusing = False
-        self.closed = False
         self.requests: list[RecordedRequest] = []
 
     def route(self, method: str, path: str, *replies: RouteItem) -> None:
         self.routes.set(method, path, *replies)
-
-    def close(self) -> None:
-        """Nothing is held ahead of a connect here: `closed` notes the call, and opening goes on."""
-        self.closed = True
 
     def connect(self, timeout: float, cancel: CancelSignal | None = None) -> ScriptedStream:
         """A connection to the script, nothing sent: `open(..., link=)` sends on it."""

@@ -205,7 +205,11 @@ class AsyncClient:
         made ahead). Idempotent."""
         if self._calls.close_all():
             await self._calls.wait_idle(CLOSE_WAIT_S)
-        self._transport.close()
+        # A transport may hold something ahead of its next connect (the real one, a socket);
+        # one that holds nothing need not have a `close` (it is not part of the port).
+        close: Callable[[], None] | None = getattr(self._transport, "close", None)
+        if close is not None:
+            close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

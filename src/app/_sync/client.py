@@ -206,7 +206,11 @@ class Client:
         made ahead). Idempotent."""
         if self._calls.close_all():
             self._calls.wait_idle(CLOSE_WAIT_S)
-        self._transport.close()
+        # A transport may hold something ahead of its next connect (the real one, a socket);
+        # one that holds nothing need not have a `close` (it is not part of the port).
+        close: Callable[[], None] | None = getattr(self._transport, "close", None)
+        if close is not None:
+            close()
 
     def __enter__(self) -> Client:
         return self
