@@ -45,7 +45,10 @@ _SHOWN = _Shown()
 def shown(value: object) -> str:
     """A value quoted in an error message (most often the server's): its repr, at most
     `SHOWN_CHARS` characters, never nested past three levels, whatever the value."""
-    text = _SHOWN.repr(value)
+    try:
+        text = _SHOWN.repr(value)
+    except ValueError:  # an int past Python's 4300 digits has no repr
+        text = f"<a {type(value).__name__} with no repr>"
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 

@@ -35,8 +35,8 @@ def test_a_value_nested_a_thousand_deep_is_shown_in_a_few_characters() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["x" * 10_000, list(range(10_000)), {str(i): i for i in range(10_000)}, 10**4000 // 7, b"\xff" * 5000],
-    ids=["long text", "long list", "big dict", "huge int", "bytes"],
+    ["x" * 10_000, list(range(10_000)), {str(i): i for i in range(10_000)}, 10**4000 // 7, 10**5000, b"\xff" * 5000],
+    ids=["long text", "long list", "big dict", "huge int", "int with no repr", "bytes"],
 )
 def test_a_long_value_is_shown_in_at_most_the_limit(value: object) -> None:
     assert len(shown(value)) <= SHOWN_CHARS + 3
