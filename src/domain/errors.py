@@ -48,7 +48,7 @@ def shown(value: object) -> str:
     try:
         text = _SHOWN.repr(value)
     except ValueError:  # an int past Python's 4300 digits has no repr
-        text = f"<a {type(value).__name__} with no repr>"
+        text = f"<{type(value).__name__} with no repr>"
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
 
 

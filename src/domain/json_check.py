@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import reprlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
 
-from domain.errors import RequestError
+from domain.errors import RequestError, shown
 
 # A JSON Schema a model can follow is a few levels deep; the cap also stops a cycle.
 MAX_JSON_DEPTH: Final = 64
@@ -36,12 +35,6 @@ MAX_JSON_DEPTH: Final = 64
 MAX_JSON_VALUES: Final = 100_000
 INT64_MIN: Final = -(2**63)
 UINT64_MAX: Final = 2**64 - 1
-
-# Bad values are quoted in messages; a huge one is shortened, never printed whole.
-quote = reprlib.Repr()
-quote.maxstring = 60
-quote.maxlong = 40
-quote.maxother = 60
 
 
 def valid_text(text: str, where: str) -> str:
@@ -75,13 +68,11 @@ class _Walk:
             return value
         if isinstance(value, int):
             if not INT64_MIN <= value <= UINT64_MAX:
-                raise RequestError(
-                    f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX}, not {quote.repr(value)}"
-                )
+                raise RequestError(f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX}, not {shown(value)}")
             return value
         if isinstance(value, float):
             if not math.isfinite(value):
-                raise RequestError(f"{where} must be a finite number, not {value!r}")
+                raise RequestError(f"{where} must be a finite number, not {shown(value)}")
             return value
         if depth >= MAX_JSON_DEPTH:
             raise RequestError(f"{self.root} is nested more than {MAX_JSON_DEPTH} levels deep (at {where})")
@@ -89,7 +80,7 @@ class _Walk:
             out: dict[str, Any] = {}
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise RequestError(f"{where} has a key that is not a string: {quote.repr(key)}")
+                    raise RequestError(f"{where} has a key that is not a string: {shown(key)}")
                 out[valid_text(key, f"{where} key")] = self.value(item, f"{where}.{key}", depth + 1)
             return out
         if isinstance(value, list | tuple):

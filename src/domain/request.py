@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.errors import RequestError
+from domain.errors import RequestError, shown
 from domain.json_check import encode_json, json_tree
-from domain.json_check import quote as _quote
 from domain.messages import (
     TOOL_CHOICES,
     AssistantMessage,
@@ -227,7 +226,7 @@ def effective_max_tokens(req: ChatRequest, settings: RequestSettings) -> int:
 def _tokens(value: object, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= INT32_MAX:
         return value
-    raise RequestError(f"{where} must be a positive integer up to {INT32_MAX}, not {_quote.repr(value)}")
+    raise RequestError(f"{where} must be a positive integer up to {INT32_MAX}, not {shown(value)}")
 
 
 def build_control_body(completion_id: str, model: str | None) -> bytes:

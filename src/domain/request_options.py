@@ -24,9 +24,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from domain.errors import RequestError
+from domain.errors import RequestError, shown
 from domain.json_check import MAX_JSON_DEPTH, json_tree, valid_text
-from domain.json_check import quote as _quote
 from domain.messages import Sampling
 
 if TYPE_CHECKING:
@@ -74,7 +73,7 @@ def _number(value: object, where: str, low: float, high: float) -> float:
     except OverflowError:  # an int past the float range
         number = math.inf
     if not low <= number <= high:  # also refuses nan
-        raise RequestError(f"{where} must be a finite number from {low:g} to {high:g}, not {_quote.repr(value)}")
+        raise RequestError(f"{where} must be a finite number from {low:g} to {high:g}, not {shown(value)}")
     return number
 
 
@@ -82,7 +81,7 @@ def _integer(value: object, where: str, low: int, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise RequestError(f"{where} must be an integer, not {type(value).__name__}")
     if not low <= value <= high:
-        raise RequestError(f"{where} must be from {low} to {high}, not {_quote.repr(value)}")
+        raise RequestError(f"{where} must be from {low} to {high}, not {shown(value)}")
     return value
 
 
@@ -121,7 +120,7 @@ def stop_strings(stop: object) -> list[str]:
     for index, text in enumerate(stop):
         where = f"stop[{index}]"
         if not isinstance(text, str) or not text:
-            raise RequestError(f"{where} must be a non-empty string, not {_quote.repr(text)}")
+            raise RequestError(f"{where} must be a non-empty string, not {shown(text)}")
         out.append(valid_text(text, where))
     return out
 
@@ -143,7 +142,7 @@ def checked_response_format(value: object) -> dict[str, Any] | None:
         raise RequestError(f"{where} must be a mapping, not {type(value).__name__}")
     kind = value.get("type")
     if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_TYPES:
-        raise RequestError(f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {_quote.repr(kind)}")
+        raise RequestError(f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {shown(kind)}")
     if kind == "json_schema":
         wrapper = value.get("json_schema")
         if not isinstance(wrapper, Mapping):

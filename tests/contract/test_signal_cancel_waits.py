@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 PRELUDE = """
 import faulthandler, signal, sys, time
-sys.path.insert(0, {src!r})
+sys.path[:0] = [{src!r}, {tests!r}]
 from domain.cancel import CancelToken
 faulthandler.dump_traceback_later(15, exit=True)
 state = {{"token": CancelToken(), "fired": 0}}
@@ -38,23 +38,12 @@ while time.monotonic() - started < 0.5:
 """
 
 CONNECTS = """
-import os, socket, tempfile
+import os, tempfile
 from adapters.uds_http.sockets import SocketStream
+from backlog import full_backlog
 from domain.errors import ConnectError
 path = os.path.join(tempfile.mkdtemp(), "full.sock")
-listener = socket.socket(socket.AF_UNIX)
-listener.bind(path)
-listener.listen(0)
-fillers = []
-while True:
-    filler = socket.socket(socket.AF_UNIX)
-    filler.setblocking(False)
-    try:
-        filler.connect(path)
-    except BlockingIOError:
-        filler.close()
-        break
-    fillers.append(filler)
+listener, fillers = full_backlog(path)
 while time.monotonic() - started < 0.5:
     state["token"] = CancelToken()
     try:
@@ -68,7 +57,7 @@ while time.monotonic() - started < 0.5:
 @pytest.mark.parametrize("waits", [SLEEPS, CONNECTS], ids=["retry wait", "backlog wait"])
 def test_a_cancel_from_a_signal_handler_never_hangs_the_wait_it_interrupts(waits: str) -> None:
     code = (
-        PRELUDE.format(src=str(SRC))
+        PRELUDE.format(src=str(SRC), tests=str(SRC.parent / "tests"))
         + waits
         + """
 signal.setitimer(signal.ITIMER_REAL, 0)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from adapters.uds_http.sockets import AsyncSocketStream, SocketStream
+from backlog import full_backlog as filled
 from domain.cancel import CancelToken
 from domain.errors import ConnectError
 
@@ -25,19 +26,7 @@ pytestmark = pytest.mark.timeout(10)
 def full_backlog(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
     """A listening socket that accepts nothing, with its backlog filled by idle clients."""
     path = str(tmp_path / "full.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
-    fillers: list[socket.socket] = []
-    while True:
-        filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        filler.setblocking(False)
-        try:
-            filler.connect(path)
-        except BlockingIOError:
-            filler.close()
-            break
-        fillers.append(filler)
+    listener, fillers = filled(path)
     try:
         yield path, listener
     finally:

@@ -46,6 +46,7 @@ BAD: dict[str, tuple[object, str]] = {
     "an integer past 64 bits": (UINT64_MAX + 1, f" must be an integer from {INT64_MIN} to {UINT64_MAX}, not"),
     "an integer below 64 bits": (INT64_MIN - 1, f" must be an integer from {INT64_MIN} to {UINT64_MAX}, not"),
     "an integer past the float range": (10**400, " must be an integer from"),
+    "an integer with no repr": (10**5000, " must be an integer from"),  # past Python's 4300 digits
     "a lone surrogate": ("\ud800", " holds text that is not valid Unicode (surrogates not allowed)"),
     "an integer key": ({1: "a", "1": "b"}, " has a key that is not a string: 1"),
     "a bool key": ({True: 1}, " has a key that is not a string: True"),

@@ -81,11 +81,9 @@ class PromptCache:
         self._settings = settings
         self._model = model
         self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
-        self._turns = self._memory.turns
-        self._checkpoints = self._memory.checkpoints
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
-        return self._checkpoints.get(slot)
+        return self._memory.checkpoints.get(slot)
 
     # -- the prediction -----------------------------------------------------------------------
 
@@ -95,8 +93,8 @@ class PromptCache:
         """The prediction for `req` (None without a previous request on the slot) and its
         rendering (kept for the next one), restoring the slot's checkpoint if it was emptied."""
         slot = req.slot
-        previous = self._turns.get(slot)
-        checkpoint = self._checkpoints.get(slot)
+        previous = self._memory.turns.get(slot)
+        checkpoint = self._memory.checkpoints.get(slot)
         if not self._memory.renders or not (self._settings.predict or (checkpoint and previous)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
@@ -133,8 +131,8 @@ class PromptCache:
     ) -> None:
         """Remember the completed request and log it (`app.call_log.log_done`, against the one
         before it on the slot); check a restore by the cache the turn found."""
-        previous = self._turns.get(req.slot)
-        self._turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
+        previous = self._memory.turns.get(req.slot)
+        self._memory.turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
         log_done(req.slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
         if prediction is None:
             return
@@ -173,11 +171,11 @@ class PromptCache:
             return None
         props = self._info.props(token)
         count, digest = covered(())
-        previous = self._turns.get(slot)
+        previous = self._memory.turns.get(slot)
         if previous is not None and (previous.rendered is not None or self._memory.renders):
             try:  # the prompt it covers, on record; a server that cannot render saves without one
                 rendered = previous.rendered or self._render(previous.body, token, quick=False)
-                self._turns[slot] = dataclasses.replace(previous, rendered=rendered)
+                self._memory.turns[slot] = dataclasses.replace(previous, rendered=rendered)
                 count, digest = covered(rendered.tokens)
             except InferError as exc:
                 if not self._cannot_render(exc):
@@ -203,7 +201,7 @@ class PromptCache:
             prompt_tokens=count,
             prompt_sha256=digest,
         )
-        self._checkpoints[slot] = checkpoint
+        self._memory.checkpoints[slot] = checkpoint
         log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
         return checkpoint
 
@@ -211,7 +209,7 @@ class PromptCache:
         """Put slot `slot`'s checkpoint back; the tokens restored. `RequestError` when it has
         none, or when the server's template, model or slot context is not the one it was saved
         under."""
-        checkpoint = self._checkpoints.get(slot)
+        checkpoint = self._memory.checkpoints.get(slot)
         if checkpoint is None:
             raise RequestError(f"slot {slot} has no checkpoint (save_slot makes one)")
         refusal = restore_refusal(checkpoint, self._info.props(token), None)
