@@ -124,6 +124,21 @@ class EventStream(_Facade):
             self._looping -= 1
             self._end()
 
+    def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
+        """Every event to `on_event`, then the completion: `chat`'s loop, with no generator of
+        its own on the way to each event. Left by an exception, it closes the call at once."""
+        self._looping += 1
+        try:
+            while True:
+                try:
+                    event = self.__next__()
+                except StopIteration:
+                    return self.completion
+                emit(on_event, event)
+        finally:
+            self._looping -= 1
+            self._end()
+
     def __next__(self) -> ChatEvent:
         if self._over:
             self._raise_if_cut()
@@ -183,6 +198,21 @@ class AsyncEventStream(_Facade):
 
     def __aiter__(self) -> _Loop:
         return _Loop(self)
+
+    async def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
+        """Every event to `on_event`, then the completion: `chat`'s loop, with no loop object
+        of its own on the way to each event. Left by an exception, it closes the call."""
+        self._looping += 1
+        try:
+            while True:
+                try:
+                    event = await self.__anext__()
+                except StopAsyncIteration:
+                    return self.completion
+                emit(on_event, event)
+        finally:
+            self._looping -= 1
+            await self._end()
 
     async def __anext__(self) -> ChatEvent:
         if self._over:

@@ -17,7 +17,9 @@ from functools import partial
 from typing import Any
 
 import pytest
+from pytest_mock import MockerFixture
 
+import domain.llama_api as llama_api
 from adapters.fake_server import (
     NEVER,
     AsyncFakeClock,
@@ -482,6 +484,27 @@ def test_an_event_sink_that_raises_closes_the_stream_and_frees_the_slot(rig_for:
 
     assert rig.transport.requests[0].client_closed.is_set()
     assert rig.chat() == COMPLETION, "the slot gate was released"
+
+
+def test_each_chat_goes_out_under_an_id_made_while_the_last_answer_was_awaited(
+    rig_for: Callable[..., Rig], mocker: MockerFixture
+) -> None:
+    made: list[str] = []
+    real = llama_api.new_conversation_id
+
+    def making() -> str:
+        made.append(real())
+        return made[-1]
+
+    mocker.patch.object(llama_api, "new_conversation_id", side_effect=making)
+    rig = rig_for({CHAT: [sse_reply(ANSWER), sse_reply(ANSWER)]})
+    rig.chat()
+    rig.chat()
+
+    sent = [r.header("x-conversation-id") for r in rig.transport.requests if (r.method, r.path) == CHAT]
+    assert len(made) == 3, "one id made for the first request, and one after each request went out"
+    assert sent == made[:2], "the second request took the id made after the first went out"
+    assert len(set(made)) == 3
 
 
 def test_every_exchange_is_closed_after_a_completion(rig_for: Callable[..., Rig]) -> None:

@@ -8,6 +8,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pytest_mock import MockerFixture
 
 from adapters.uds_http.response import ResponseParser, render
 from domain.errors import ProtocolError, StreamClosedEarly
@@ -109,3 +110,25 @@ fragments = st.sampled_from(
 def test_any_bytes_in_any_split_are_read_as_h11_reads_them(parts: list[bytes], cuts: list[int]) -> None:
     same(b"".join(parts), cuts)
     same(b"".join(parts) + b"\r\n\r\nrest", cuts)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"data: {}\n\ndata: {}\n\n",  # SSE events: bare blank lines after the head's CRLF one
+        b"\n\n\n\n",
+        b"\r\n\r\n",
+    ],
+)
+def test_a_llama_server_head_is_read_without_h11_whatever_blank_lines_follow(
+    payload: bytes, mocker: MockerFixture
+) -> None:
+    to_h11 = mocker.spy(ResponseParser, "_to_h11")
+    parser = ResponseParser(render("GET", "/x", None, HEADER_BYTES))
+    parser.receive_data(LLAMA_HEAD + b"%x\r\n%s\r\n" % (len(payload), payload))
+
+    head = parser.next_head()
+
+    assert head is not None and head.status == 200
+    assert to_h11.call_count == 0, "the head's end was not found where it is"
+    assert parser.body is not None and parser.body.pull() == payload

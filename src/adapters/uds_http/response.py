@@ -64,7 +64,6 @@ _PLAIN_HEAD = re.compile(
     rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[ \t]*(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?[ \t]*)*"  # its header lines
 )
 _CONTENT_LENGTH_DIGITS = 20  # h11's cap on a Content-Length
-_BLANK_LINE = re.compile(rb"\n\r?\n")  # where h11 ends a head
 _H11 = object()  # `_plain_head`: the head is h11's to read
 # The last head read without h11: its bytes up to the blank line, and the head. llama-server
 # sends every answer's head byte for byte alike, so a head equal to the last is not read again
@@ -174,7 +173,10 @@ def _plain(method: str, path: str, extra: tuple[tuple[str, str], ...]) -> bool:
             return False
         _last_target = (method, path)
     for name, value in extra:
-        if not (isinstance(name, str) and isinstance(value, str) and value.isascii() and _VALUE.fullmatch(value)):
+        # (letters and digits, as a conversation id, pass without the regular expression)
+        if not (isinstance(name, str) and isinstance(value, str) and value.isascii()):
+            return False
+        if not value.isalnum() and not _VALUE.fullmatch(value):
             return False
         if name not in _plain_names:
             if not (name.isascii() and _TOKEN.fullmatch(name)) or name.lower() in _SPECIAL:
@@ -291,15 +293,14 @@ class ResponseParser:
         buf = self._buffer
         if buf and buf[0] < 0x21:  # h11 refuses it at once
             return _H11
-        blank = _BLANK_LINE.search(buf, self._searched)
-        if blank is None:
+        end = _blank_line_end(buf, self._searched)
+        if end < 0:
             # h11 refuses an unfinished head over the cap at once; at EOF, h11 says how it ended.
             if self.eof or len(buf) > self._header_bytes:
                 return _H11
             self._searched = max(0, len(buf) - 2)
             return None
         # Where h11 ends the head too: the first blank line, here the CRLF kind only.
-        end = blank.end()
         if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n":
             return _H11
         block = bytes(buf[: end - 4])
@@ -393,6 +394,16 @@ class ResponseParser:
         if str(exc) == "Receive buffer too long":
             return ProtocolError(f"{self.what}: response head over the {self._header_bytes}-byte limit")
         return ProtocolError(f"{self.what}: malformed response head: {exc}")
+
+
+def _blank_line_end(buf: bytearray, start: int) -> int:
+    """Where the first blank line from `start` ends (`\n\n` or `\n\r\n`, as h11 ends a head),
+    or -1: two finds, as a regular expression's engine would cost more on its first use after
+    an idle spell than the whole head's parse."""
+    bare, crlf = buf.find(b"\n\n", start), buf.find(b"\n\r\n", start)
+    if bare < 0:
+        return crlf + 3 if crlf >= 0 else -1
+    return bare + 2 if crlf < 0 or bare < crlf else crlf + 3
 
 
 def _read_plain(block: bytes) -> ResponseHead | None:

@@ -61,10 +61,12 @@ class SocketStream:
         """A Unix socket connects at once or fails at once, but for a full accept backlog: that
         is waited out within the limit (`BacklogWait`), and `cancel` ends the wait. The first
         attempt takes the socket made `ahead`, if there is one."""
-        wait = BacklogWait(path, timeout, time.monotonic, ahead)
-        while (sock := wait.attempt()) is None:
-            if sleep_unless_cancelled(wait.pause(time.monotonic()), cancel):
-                raise wait.cancelled()
+        sock = BacklogWait.first(path, timeout, ahead)
+        if sock is None:  # the accept backlog is full: waited out
+            wait = BacklogWait(path, timeout, time.monotonic)
+            while (sock := wait.attempt()) is None:
+                if sleep_unless_cancelled(wait.pause(time.monotonic()), cancel):
+                    raise wait.cancelled()
         stream = cls(sock)
         stream._timeout = 0.0  # connected non-blocking: a zero-timeout write sets nothing
         return stream
@@ -132,10 +134,12 @@ class AsyncSocketStream:
         """`SocketStream.connect` on the loop: a full accept backlog is waited out within the
         limit (`BacklogWait`); cancelling the task ends the wait (`cancel` is the blocking
         flavour's way to, here the task's)."""
-        loop = asyncio.get_running_loop()
-        wait = BacklogWait(path, timeout, loop.time, ahead)
-        while (sock := wait.attempt()) is None:
-            await asyncio.sleep(wait.pause(loop.time()))
+        sock = BacklogWait.first(path, timeout, ahead)
+        if sock is None:  # the accept backlog is full: waited out
+            loop = asyncio.get_running_loop()
+            wait = BacklogWait(path, timeout, loop.time)
+            while (sock := wait.attempt()) is None:
+                await asyncio.sleep(wait.pause(loop.time()))
         return cls(sock)
 
     def send_now(self, data: bytes) -> int:
@@ -240,33 +244,24 @@ class BacklogWait:
     doubling from 1 ms to 50 ms, until `timeout` (at most `CONNECT_TIMEOUT_S`) has passed; then
     it is a `ConnectError` saying so."""
 
-    __slots__ = ("_ahead", "_deadline", "_limit", "_next", "_path")
+    __slots__ = ("_deadline", "_limit", "_next", "_path")
 
-    def __init__(self, path: str, timeout: float, now: Callable[[], float], ahead: SocketAhead | None = None) -> None:
+    def __init__(self, path: str, timeout: float, now: Callable[[], float]) -> None:
         self._path = path
-        self._limit = max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+        self._limit = _limit(timeout)
         self._deadline = now() + self._limit
         self._next = _FIRST_PAUSE_S
-        self._ahead = ahead
+
+    @staticmethod
+    def first(path: str, timeout: float, ahead: SocketAhead | None = None) -> socket.socket | None:
+        """The first attempt, which takes the socket made `ahead` (if there is one); nothing of
+        the wait is set up unless it finds the backlog full (None)."""
+        return _attempt(path, _limit(timeout), ahead.take() if ahead is not None else None)
 
     def attempt(self) -> socket.socket | None:
         """A connected non-blocking socket, or None while the backlog is full; `ConnectError`
-        naming the path and what is wrong with it otherwise. The first attempt takes the socket
-        made ahead, if there is one."""
-        ahead, self._ahead = self._ahead, None
-        sock = (ahead.take() if ahead is not None else None) or unix_socket(self._path)
-        try:
-            sock.setblocking(False)
-            sock.connect(self._path)
-        except BlockingIOError:
-            sock.close()
-            return None
-        except (OSError, ValueError) as exc:
-            sock.close()
-            raise ConnectError(
-                f"cannot connect to {self._path}: {connect_reason(exc, self._limit, self._path)}"
-            ) from exc
-        return sock
+        naming the path and what is wrong with it otherwise."""
+        return _attempt(self._path, self._limit, None)
 
     def pause(self, now: float) -> float:
         """How long to wait before the next attempt; `ConnectError` once the limit has passed."""
@@ -333,6 +328,25 @@ class SocketAhead:
         """Close the socket waiting, if any, and make none from now on. Idempotent."""
         self._closed = True
         _close_all(self._ready)
+
+
+def _limit(timeout: float) -> float:
+    return max(min(timeout, CONNECT_TIMEOUT_S), 0.0)
+
+
+def _attempt(path: str, limit: float, sock: socket.socket | None) -> socket.socket | None:
+    """One non-blocking connect, on `sock` or a new socket (see `BacklogWait.attempt`)."""
+    sock = sock or unix_socket(path)
+    try:
+        sock.setblocking(False)
+        sock.connect(path)
+    except BlockingIOError:
+        sock.close()
+        return None
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise ConnectError(f"cannot connect to {path}: {connect_reason(exc, limit, path)}") from exc
+    return sock
 
 
 def _close_all(ready: list[tuple[int, socket.socket]]) -> None:

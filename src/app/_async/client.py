@@ -28,7 +28,7 @@ from types import TracebackType
 
 from app._async.call import AsyncLlamaCalls
 from app.calls import CLOSE_WAIT_S, AsyncCalls
-from app.event_stream import AsyncEventStream, Step, check_sink, emit
+from app.event_stream import AsyncEventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
@@ -94,9 +94,7 @@ class AsyncClient:
         """One attempt: returns the final `Completion` or raises an `InferError`."""
         check_sink(on_event)
         async with self.stream(req, cancel) as stream:
-            async for event in stream:
-                emit(on_event, event)
-        return stream.completion
+            return await stream.run(on_event)
 
     async def chat_with_retry(
         self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
@@ -104,9 +102,7 @@ class AsyncClient:
         """`chat`, retried by the retry policy; every attempt sends the same bytes."""
         check_sink(on_event)
         async with self.stream_with_retry(req, cancel) as stream:
-            async for event in stream:
-                emit(on_event, event)
-        return stream.completion
+            return await stream.run(on_event)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
         """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""

@@ -52,8 +52,8 @@ from domain.llama_api import (
     CONVERSATION_HEADER,
     REATTACH_REFUSED,
     STREAM_PATH,
+    ConversationIds,
     control_refusal,
-    new_conversation_id,
     not_a_stream,
     reattach_later,
     reattach_path,
@@ -100,6 +100,7 @@ class LlamaCalls:
         self._retry = retry_policy
         self._settings = request_settings
         self._limits = limits
+        self._ids = ConversationIds()
         self.info = ServerInfo(
             transport=transport,
             clock=clock,
@@ -245,14 +246,14 @@ class LlamaCalls:
     ) -> tuple[str, Exchange, ChatStream, FirstByteWait]:
         """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits = self._limits
-        conversation = new_conversation_id()
+        limits, conversation = self._limits, self._ids.take()
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
             "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         try:
+            self._ids.refill()  # the next request's id, made while this one's answer is awaited
             sent = self._clock.now()
             max_tokens = effective_max_tokens(req, self._settings)
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
@@ -266,8 +267,7 @@ class LlamaCalls:
     def _reattach(self, flight: Flight, token: CancelToken) -> None:
         """The rest of the body from the bytes consumed, on a new connection; `Refused`: 404, 400."""
         assert flight.conversation is not None and flight.stream is not None
-        wait = self._limits.reattach_wait_s
-        path = reattach_path(flight.conversation, flight.consumed)
+        wait, path = self._limits.reattach_wait_s, reattach_path(flight.conversation, flight.consumed)
         exchange = self._transport.open("GET", path, None, timeout=wait, cancel=token)
         try:
             head = exchange.head(wait)

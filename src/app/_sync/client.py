@@ -29,7 +29,7 @@ from types import TracebackType
 
 from app._sync.call import LlamaCalls
 from app.calls import CLOSE_WAIT_S, Calls
-from app.event_stream import EventStream, Step, check_sink, emit
+from app.event_stream import EventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
@@ -95,9 +95,7 @@ class Client:
         """One attempt: returns the final `Completion` or raises an `InferError`."""
         check_sink(on_event)
         with self.stream(req, cancel) as stream:
-            for event in stream:
-                emit(on_event, event)
-        return stream.completion
+            return stream.run(on_event)
 
     def chat_with_retry(
         self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
@@ -105,9 +103,7 @@ class Client:
         """`chat`, retried by the retry policy; every attempt sends the same bytes."""
         check_sink(on_event)
         with self.stream_with_retry(req, cancel) as stream:
-            for event in stream:
-                emit(on_event, event)
-        return stream.completion
+            return stream.run(on_event)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
         """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
