@@ -101,6 +101,22 @@ def test_after_the_first_request_each_connect_takes_the_socket_made_ahead(
     assert accepted(server) == 4  # one connection per request: the socket waiting ahead is not connected
 
 
+def test_the_socket_made_ahead_is_non_blocking_already_so_its_connect_sets_nothing(
+    listener: tuple[str, socket.socket], mocker: MockerFixture
+) -> None:
+    path, _ = listener
+    ahead = SocketAhead()
+    ahead.refill()
+    [(_, waiting)] = ahead._ready
+    assert waiting.getblocking() is False
+    set_blocking = mocker.spy(socket.socket, "setblocking")
+
+    stream = sockets.SocketStream.connect(path, 1.0, None, ahead)
+
+    assert set_blocking.call_count == 0
+    stream.close()
+
+
 def test_a_transport_made_makes_no_socket_before_its_first_request(listener: tuple[str, socket.socket]) -> None:
     path, server = listener
     transport = UdsTransport(path, header_bytes=16384)

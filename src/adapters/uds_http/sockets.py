@@ -316,6 +316,7 @@ class SocketAhead:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         except OSError:
             return
+        sock.setblocking(False)  # as a connect wants it: one system call fewer on its way
         ready = self._ready
         ready.append((os.getpid(), sock))
         while len(ready) > 1:  # another thread refilled at once: one is enough
@@ -335,10 +336,13 @@ def _limit(timeout: float) -> float:
 
 
 def _attempt(path: str, limit: float, sock: socket.socket | None) -> socket.socket | None:
-    """One non-blocking connect, on `sock` or a new socket (see `BacklogWait.attempt`)."""
-    sock = sock or unix_socket(path)
+    """One non-blocking connect, on `sock` (made ahead, non-blocking already) or a new socket
+    (see `BacklogWait.attempt`)."""
+    if sock is None:
+        sock = unix_socket(path)
     try:
-        sock.setblocking(False)
+        if sock.getblocking():
+            sock.setblocking(False)
         sock.connect(path)
     except BlockingIOError:
         sock.close()
