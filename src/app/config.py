@@ -10,16 +10,15 @@ Invariants, so that a config that loads is one that can work:
 - Floats are finite: `inf`/`nan` load from TOML but fail every request later.
 - Strings carry no NUL (C strings stop there: the socket path would be cut and the request go to
   another socket), and `socket` fits an AF_UNIX address.
-- The file is read only if it is a regular file, at most `CONFIG_FILE_BYTES` of it, and opening it
-  never blocks (a FIFO with no writer would hang on open).
+- The file is read by `app.config_file` (a regular file of at most 1 MiB, its TOML parsed
+  within bounded time).
+- A message quotes each bad value cut short (`domain.errors.shown`) and names at most
+  `MAX_PROBLEMS` problems, so no input makes it large.
 """
 
 from __future__ import annotations
 
 import os
-import reprlib
-import stat
-import tomllib
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -39,6 +39,10 @@ from pydantic import (
     field_validator,
 )
 
+from app.config_file import ConfigError, read_toml
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
+from domain.errors import shown
 from domain.request_options import FLOAT32_MAX, INT32_MAX, RANDOM_SEED, UINT32_MAX
 
 # Longest wait any `*_ms` key may ask for: 7 days. Far past any wait the brief gives (10 min),
@@ -67,11 +71,8 @@ DEFAULT_DELAYS_MS = (2000, 8000, 30_000)
 SOCKET_PATH_BYTES = 107
 # A config file is a few hundred bytes; the cap keeps a wrong path (a log, an image) from being
 # read whole into memory.
-CONFIG_FILE_BYTES = 1 << 20
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and every bad key."""
+# The most problems one ConfigError names (then how many more there are).
+MAX_PROBLEMS = 10
 
 
 def _char_at(text: str, index: int) -> str:
@@ -133,6 +134,14 @@ AnswerBytes = Annotated[StrictInt, Field(ge=MIN_ANSWER_BYTES, le=MAX_CAP_BYTES)]
 Text = Annotated[StrictStr, AfterValidator(_no_nul), AfterValidator(_utf8)]
 
 
+def _array(value: object) -> object:
+    """A list or tuple, as TOML's arrays load: a set (or any other iterable) is refused, as its
+    order, the waits' order, is not the caller's."""
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be an array, not {_toml_type(value)}")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -158,7 +167,7 @@ class Limits(_Section):
 
 class Retry(_Section):
     attempts: Annotated[StrictInt, Field(gt=0, le=MAX_ATTEMPTS)] = 4
-    delays_ms: Annotated[tuple[DelayMs, ...], Field(validate_default=True)] = DEFAULT_DELAYS_MS
+    delays_ms: Annotated[tuple[DelayMs, ...], BeforeValidator(_array), Field(validate_default=True)] = DEFAULT_DELAYS_MS
     jitter: Annotated[StrictFloat, Field(ge=0.0, lt=1.0)] = 0.25
     total_ms: Ms = 300_000
 
@@ -222,13 +231,6 @@ class Config(_Section):
     selftest: SelfTest = SelfTest()
 
 
-# Bad values are quoted in messages; a huge or deeply nested one is shortened, never walked whole.
-_quote = reprlib.Repr()
-_quote.maxstring = 120
-_quote.maxother = 120
-_quote.maxlevel = 3
-
-
 def _describe(error: Any) -> str:
     path = ".".join(str(part) for part in error["loc"]) or "(top level)"
     kind = error["type"]
@@ -240,7 +242,7 @@ def _describe(error: Any) -> str:
         return f"{path}: must be a table ([{path}] with its keys), not {_toml_type(error.get('input'))}"
     message = str(error["msg"]).removeprefix("Value error, ")
     if "input" in error:
-        return f"{path}: {message} (got {_quote.repr(error['input'])})"
+        return f"{path}: {message} (got {shown(error['input'])})"
     return f"{path}: {message}"
 
 
@@ -264,77 +266,13 @@ def parse_config(data: Mapping[str, Any], source: str = "config") -> Config:
     try:
         return Config.model_validate(dict(data))
     except ValidationError as exc:
-        lines = "; ".join(_describe(e) for e in exc.errors())
-        raise ConfigError(f"{source}: {lines}") from exc
-
-
-def _file_kind(mode: int) -> str:
-    kinds = (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    )
-    return next((name for test, name in kinds if test(mode)), "a special file")
-
-
-def _check_regular(path: Path, info: os.stat_result) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"{path}: is {_file_kind(info.st_mode)}, not a regular file")
-    if info.st_size > CONFIG_FILE_BYTES:
-        raise ConfigError(
-            f"{path}: config file is {info.st_size} bytes, over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)"
-        )
-
-
-def _read_file(path: Path) -> bytes:
-    # The stat refuses a device or a pipe before anything opens it (opening some devices acts);
-    # the fstat of what was opened covers a path swapped in between; O_NONBLOCK keeps that open
-    # from waiting for a FIFO's writer.
-    _check_regular(path, os.stat(path))
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    try:
-        _check_regular(path, os.fstat(fd))
-        chunks: list[bytes] = []
-        left = CONFIG_FILE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > CONFIG_FILE_BYTES:
-        raise ConfigError(f"{path}: config file is over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)")
-    return data
+        errors = exc.errors()
+        lines = "; ".join(_describe(e) for e in errors[:MAX_PROBLEMS])
+        more = f"; and {len(errors) - MAX_PROBLEMS} more" if len(errors) > MAX_PROBLEMS else ""
+        raise ConfigError(f"{source}: {lines}{more}") from exc
 
 
 def load_config(path: str | Path) -> Config:
     """Read a TOML file into a `Config`; raises `ConfigError` with a message naming the problem."""
     path = Path(path)
-    try:
-        raw = _read_file(path)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: config file not found") from exc
-    except PermissionError as exc:
-        raise ConfigError(f"{path}: config file is not readable (permission denied)") from exc
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
-    except ConfigError:
-        raise
-    except ValueError as exc:  # a NUL in the path itself, quoted so that the message shows it
-        raise ConfigError(f"{str(path)!r}: cannot read config file: {exc}") from exc
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: not UTF-8 ({exc.reason})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    except RecursionError as exc:
-        raise ConfigError(f"{path}: invalid TOML: arrays or tables nested too deeply") from exc
-    except ValueError as exc:  # the parser's own limits, such as an integer of thousands of digits
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    return parse_config(data, str(path))
+    return parse_config(read_toml(path), str(path))

@@ -175,9 +175,17 @@ def check_tool_call(target: Target) -> CheckResult:
     return CheckResult(
         "tool call",
         True,
-        f"{TOOL.name}({calls[0].arguments}) parsed, finish_reason tool_calls, {tokens} tokens",
+        f"{TOOL.name}({_one_line(calls[0].arguments)}) parsed, finish_reason tool_calls, {tokens} tokens",
         tokens,
     )
+
+
+def _one_line(text: str, most: int = 120) -> str:
+    """`text` as it is when it prints on one line, its control characters escaped otherwise, cut
+    to `most` characters: the server's words never split or flood a line of the report."""
+    if not text.isprintable():
+        text = repr(text)[1:-1]
+    return text if len(text) <= most else text[:most] + "..."
 
 
 def _prefill_hint(config: Config) -> str:

@@ -25,6 +25,9 @@ Invariants:
 - The answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes) is capped
   at `max_answer_bytes`, tool-call indexes at `max_tool_calls`; past either, `ProtocolError`.
   Streamed text is kept as UTF-8 in one growing buffer each, never as an object per delta.
+- Every chunk that carries an `id` carries the first one's: another is another generation (a
+  re-attach answered with some other stream), a `ProtocolError`. Counts (`timings`' and
+  `prompt_progress`') are non-negative integers, as llama-server's all are.
 - An error chunk raises `HttpError(code, the chunk as JSON)`; a malformed one `ProtocolError`;
   after either, the assembler refuses input. `result` before the final chunk (the one with a
   `finish_reason`) raises `StreamClosedEarly`.
@@ -52,8 +55,8 @@ PIECES_SLACK = 16
 
 def _int_field(data: dict[str, Any], key: str, where: str) -> int:
     value = data.get(key, 0)
-    if type(value) is not int:
-        raise ProtocolError(f"{where}.{key} is {shown(value)}, not an integer")
+    if type(value) is not int or value < 0:  # a count: llama-server's are never negative
+        raise ProtocolError(f"{where}.{key} is {shown(value)}, not a non-negative integer")
     return value
 
 
@@ -143,8 +146,12 @@ class Assembler:
     def _feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
         if "error" in chunk:
             raise stream_error(chunk, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
-        if self.completion_id is None:
-            cid = chunk.get("id")
+        cid = chunk.get("id")
+        if cid != self.completion_id and cid is not None:
+            if self.completion_id is not None:  # a replay of another generation, spliced in
+                raise ProtocolError(
+                    f"chunk {self._chunks} has id {shown(cid)}, not the stream's {self.completion_id!r}"
+                )
             if type(cid) is str and cid:
                 self.completion_id = cid
         timings = chunk.get("timings")
@@ -152,12 +159,12 @@ class Assembler:
         if timings is not None:
             self._timings = timings
             predicted = timings.get("predicted_n")
-            if type(predicted) is int:
+            if type(predicted) is int and predicted >= 0:
                 if self._predicted < predicted and (self._max_predicted is None or predicted <= self._max_predicted):
                     self._predicted = predicted
                     self.advanced = True
             elif predicted is not None:
-                raise ProtocolError(f"timings.predicted_n is {shown(predicted)}, not an integer")
+                raise ProtocolError(f"timings.predicted_n is {shown(predicted)}, not a non-negative integer")
         events = _NOTHING
         progress = chunk.get("prompt_progress")
         if progress is not None:

@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -60,37 +59,6 @@ def with_model(path: str, model: str) -> str:
     return f"{path}?model={_query(model)}"
 
 
-def new_conversation_id() -> str:
-    """A fresh conversation id: 128 random bits, since anyone who knows it can read the replay."""
-    return os.urandom(16).hex()  # as `secrets.token_hex(16)` makes it, in fewer steps
-
-
-class ConversationIds:
-    """Fresh conversation ids, each made ahead: just after a request is out (`refill`), while
-    its answer is awaited, rather than on the way to the next request's first byte (where the
-    random bytes' system call costs tens of µs once the process has sat idle). Never one id
-    twice: `take` pops it (atomic, so threads may share this), and an id made in another process
-    (before a fork) is never taken."""
-
-    __slots__ = ("_ready",)
-
-    def __init__(self) -> None:
-        self._ready: list[tuple[int, str]] = []  # (the process that made it, the id)
-
-    def take(self) -> str:
-        """The id made ahead, or a new one."""
-        try:
-            pid, conversation = self._ready.pop()
-        except IndexError:
-            return new_conversation_id()
-        return conversation if pid == os.getpid() else new_conversation_id()
-
-    def refill(self) -> None:
-        """Make the next id, if none is waiting."""
-        if not self._ready:
-            self._ready.append((os.getpid(), new_conversation_id()))
-
-
 def _query(value: str) -> str:
     return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
 
@@ -121,6 +89,15 @@ def slot_action_body(filename: str) -> bytes:
 def stop_path(conversation_id: str) -> str:
     """`DELETE` this to stop the generation of conversation `conversation_id` (idempotent)."""
     return f"{STREAM_PATH}?conv_id={_query(conversation_id)}"
+
+
+def shown_target(path: str) -> str:
+    """`path` as errors and log lines name it: a conversation id, which lets anyone who has it
+    read the replay, shown as `conv_id=...`."""
+    base, sep, query = path.partition("?")
+    if "conv_id=" not in query:
+        return path
+    return base + sep + "&".join("conv_id=..." if part.startswith("conv_id=") else part for part in query.split("&"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,12 +262,13 @@ def slot_state(raw: bytes, slot: int) -> SlotState:
     return SlotState.UNAVAILABLE
 
 
-def not_a_stream(head: ResponseHead) -> ProtocolError | None:
-    """A whole answer where a stream was asked for would read as a stream without its final
-    chunk and be retried; it is a server that ignored `stream: true`."""
+def not_a_stream(head: ResponseHead, what: str) -> ProtocolError | None:
+    """A whole answer where a stream was asked for (by `what`, the chat's POST or a re-attach)
+    would read as a stream without its final chunk and be retried; it is a server that ignored
+    `stream: true`."""
     kind = head.header("content-type")
     if kind is not None and not kind.lower().startswith("text/event-stream"):
-        return ProtocolError(f"POST {CHAT_PATH}: 200 answer is {kind!r}, not an event stream")
+        return ProtocolError(f"{what}: 200 answer is {kind!r}, not an event stream")
     return None
 
 

@@ -10,6 +10,7 @@ for seconds.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -97,15 +98,22 @@ def cancel_once(client: Client, reached: threading.Event) -> tuple[BaseException
     return (outcome[0] if outcome else None), latency
 
 
-def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(server: FakeServer, client_kind: Kind) -> None:
+@pytest.mark.parametrize("retry", [False, True], ids=["chat", "chat_with_retry"])
+def test_cancel_while_streaming_returns_at_once_and_closes_the_stream(
+    server: FakeServer, client_kind: Kind, retry: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
     client = client_kind.client_for(server, liveness_ms=200)
     token = CancelToken()
     canceller = Canceller(token, lambda e: isinstance(e, Content))
+    call = client.chat_with_retry if retry else client.chat
 
-    latency = run_until_cancelled(lambda sink: client.chat(REQ, sink, cancel=token), canceller)
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        latency = run_until_cancelled(lambda sink: call(REQ, sink, cancel=token), canceller)
 
     assert latency < WITHIN_S
+    assert canceller.events == [Content("Paris")], "the cancel's own shutdown of the stream is no cut to retry"
+    assert [r.getMessage() for r in caplog.records] == []
     (stream,) = recorded(server, CHAT)
     assert stream.client_closed.wait(1.0), "closing the connection is what stops the generation"
     assert not client._gate.held(0)

@@ -203,8 +203,24 @@ def test_completion_id_comes_from_the_first_chunk() -> None:
     first = chunk(ROLE)
     first["id"] = "chatcmpl-first"
     asm.feed(first)
-    asm.feed(chunk({"content": "a"}))
+    second = chunk({"content": "a"})
+    del second["id"]
+    asm.feed(second)
     assert asm.completion_id == "chatcmpl-first"
+
+
+def test_a_chunk_of_another_generation_is_a_protocol_error() -> None:
+    # One stream's chunks all carry its id: another id is another generation spliced in (a
+    # re-attach answered with some other stream).
+    asm = Assembler()
+    first = chunk(ROLE)
+    first["id"] = "chatcmpl-first"
+    asm.feed(first)
+    other = chunk({"content": "a"})
+    other["id"] = "chatcmpl-other"
+    with pytest.raises(ProtocolError) as caught:
+        asm.feed(other)
+    assert str(caught.value) == "chunk 2 has id 'chatcmpl-other', not the stream's 'chatcmpl-first'"
 
 
 def test_stream_without_finish_reason_is_closed_early() -> None:
@@ -329,12 +345,31 @@ def test_a_repeated_equal_id_and_name_neither_count_again_nor_advance() -> None:
     assembler.feed(call_delta(id="call_1", function={"name": "get_time", "arguments": "{}"}))
 
 
+@pytest.mark.parametrize("value", ["7", -1, 7.0, True])
 @pytest.mark.parametrize("field", ["total", "cache", "processed"])
-def test_a_progress_count_that_is_not_an_integer_is_named_by_its_path(field: str) -> None:
-    progress = {"total": 10, "cache": 0, "processed": 5, field: "7"}
+def test_a_progress_count_that_is_not_a_non_negative_integer_is_named_by_its_path(field: str, value: object) -> None:
+    progress = {"total": 10, "cache": 0, "processed": 5, field: value}
     with pytest.raises(ProtocolError) as caught:
         Assembler().feed({"prompt_progress": progress})
-    assert str(caught.value) == f"prompt_progress.{field} is '7', not an integer"
+    assert str(caught.value) == f"prompt_progress.{field} is {value!r}, not a non-negative integer"
+
+
+@pytest.mark.parametrize("field", ["cache_n", "prompt_n", "predicted_n"])
+def test_a_negative_count_in_the_timings_is_a_protocol_error_naming_it(field: str) -> None:
+    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {field: -5}}
+    assembler = Assembler()
+    with pytest.raises(ProtocolError) as caught:
+        assembler.feed(final)
+        assembler.result()
+    assert str(caught.value) == f"timings.{field} is -5, not a non-negative integer"
+
+
+def test_a_count_of_zero_is_a_count() -> None:
+    assembler = Assembler()
+    assembler.feed({"prompt_progress": {"total": 0, "cache": 0, "processed": 0}})
+    final = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "timings": {"predicted_n": 0}}
+    assembler.feed(final)
+    assert assembler.timings == Timings(cache_n=0, prompt_n=0, predicted_n=0)
 
 
 def test_timings_missing_a_count_read_it_as_zero() -> None:

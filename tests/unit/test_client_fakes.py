@@ -10,6 +10,7 @@ fakes (`AsyncFakeClock` over the same `FakeClock`, `AsyncScriptedTransport`, `As
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from pytest_mock import MockerFixture
 
-import domain.llama_api as llama_api
+import domain.conversation_ids as conversation_ids
 from adapters.fake_server import (
     NEVER,
     AsyncFakeClock,
@@ -303,6 +304,40 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
     assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={consumed}"
 
 
+def test_no_error_or_log_line_of_a_re_attach_holds_the_conversation_id(
+    rig_for: Callable[..., Rig], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The chat and then its re-attach both cut: the second cut's error names the re-attach's
+    # path, which carries the id that lets anyone read the replay.
+    cut = sse_reply(ANSWER[:1], done=False, end=End.RESET)
+    cut_again = sse_reply([], done=False, end=End.RESET)
+    rig = rig_for({CHAT: cut, REATTACH: [cut_again, sse_reply(ANSWER[1:])], STOP: json_reply({})})
+
+    with caplog.at_level(logging.DEBUG, logger="inferpath"):
+        assert rig.chat() == COMPLETION
+
+    conversation = rig.transport.requests[0].header("x-conversation-id")
+    retries = [e.error for e in rig.events if isinstance(e, Retrying)]
+    assert len(retries) == 2
+    assert "GET /v1/stream?conv_id=...&from=" in retries[1]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("GET /v1/stream?conv_id=...&from=" in line for line in lines)
+    assert not [text for text in retries + lines if conversation in text]
+
+
+def test_a_re_attach_answered_with_no_event_stream_is_a_protocol_error_naming_the_re_attach(
+    rig_for: Callable[..., Rig],
+) -> None:
+    cut = sse_reply(ANSWER[:1], done=False, end=End.RESET)
+    rig = rig_for({CHAT: cut, REATTACH: json_reply({"choices": []}), STOP: json_reply({})})
+
+    with pytest.raises(ProtocolError) as caught:
+        rig.chat()
+
+    assert str(caught.value).startswith("GET /v1/stream?conv_id=...&from=")
+    assert str(caught.value).endswith(": 200 answer is 'application/json; charset=utf-8', not an event stream")
+
+
 def test_a_long_prompt_reporting_progress_has_no_total_deadline(rig_for: Callable[..., Rig]) -> None:
     # Thirty prompt batches 20 s apart: ten minutes of prompt processing, then the answer. The
     # prompt fits the slot and what the body can hold (progress past either keeps nothing alive).
@@ -490,13 +525,13 @@ def test_each_chat_goes_out_under_an_id_made_while_the_last_answer_was_awaited(
     rig_for: Callable[..., Rig], mocker: MockerFixture
 ) -> None:
     made: list[str] = []
-    real = llama_api.new_conversation_id
+    real = conversation_ids.new_conversation_id
 
     def making() -> str:
         made.append(real())
         return made[-1]
 
-    mocker.patch.object(llama_api, "new_conversation_id", side_effect=making)
+    mocker.patch.object(conversation_ids, "new_conversation_id", side_effect=making)
     rig = rig_for({CHAT: [sse_reply(ANSWER), sse_reply(ANSWER)]})
     rig.chat()
     rig.chat()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Config, ConfigError, load_config
+from app.config import Config, ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
 
@@ -155,3 +155,17 @@ def test_non_utf8_file_is_invalid_toml(tmp_path: Path) -> None:
     path.write_bytes(b'socket = "\xff\xfe"\n')
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(path)
+
+
+def test_delays_given_as_a_set_are_refused_as_their_order_would_be_lost() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"socket": "/tmp/s", "retry": {"delays_ms": {30000, 2000, 8000}}})
+    assert str(caught.value).startswith("config: retry.delays_ms: must be an array, not a set (got {")
+
+
+def test_an_integer_with_no_repr_is_named_by_its_key() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"socket": "/tmp/s", "limits": {"poll_ms": 10**5000}})
+    assert str(caught.value) == (
+        "config: limits.poll_ms: Input should be less than or equal to 604800000 (got <int with no repr>)"
+    )

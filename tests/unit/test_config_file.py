@@ -133,3 +133,44 @@ def test_values_that_toml_allows_but_the_client_cannot_use_are_named_with_the_pa
     assert message.startswith(f"{path}: ")
     assert "limits.poll_ms: Input should be less than or equal to 604800000" in message
     assert "sampling.temperature: Input should be a finite number" in message
+
+
+def test_a_hex_integer_of_thousands_of_digits_is_named_by_its_key(tmp_path: Path) -> None:
+    # TOML's hex literals have no digit limit of Python's: the int loads, and has no repr.
+    path = tmp_path / "config.toml"
+    path.write_text('socket = "s"\n[limits]\npoll_ms = 0x' + "f" * 4000 + "\n", encoding="utf-8")
+    assert load_outcome(path) == (
+        f"{path}: limits.poll_ms: Input should be less than or equal to 604800000 (got <int with no repr>)"
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "a" + ".a" * 50_000 + " = 1",  # 100 KB: its parse would take the TOML parser minutes
+        "[limits" + ".a" * 50_000 + "]",
+        "[[limits" + ".a" * 50_000 + "]]",
+        'x = { y = 1, "b"' + '."b"' * 40 + " = 1 }",
+        "'a'" + " . 'a'" * 40 + " = 1",
+    ],
+)
+def test_a_key_of_more_than_32_dotted_parts_is_refused_before_the_parse(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('socket = "s"\n' + line + "\n", encoding="utf-8")
+    assert load_outcome(path, within_s=2.0) == f"{path}: invalid TOML: line 2: a key of more than 32 dotted parts"
+
+
+def test_a_key_of_32_parts_and_dots_in_values_and_comments_are_no_long_key(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        'socket = "s"\nmodel = "' + "a." * 100 + '"\n# ' + ". " * 100 + "\n" + "a" + ".a" * 31 + " = 1\n",
+        encoding="utf-8",
+    )
+    assert load_outcome(path) == f"{path}: a: unknown key"
+
+
+def test_a_config_error_names_at_most_ten_problems_then_how_many_more(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('socket = "s"\n' + "".join(f"k{i} = {i}\n" for i in range(50_000)), encoding="utf-8")
+    message = load_outcome(path)
+    assert message == f"{path}: " + "; ".join(f"k{i}: unknown key" for i in range(10)) + "; and 49990 more"

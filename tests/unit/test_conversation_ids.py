@@ -9,8 +9,8 @@ import threading
 
 from pytest_mock import MockerFixture
 
-import domain.llama_api as llama_api
-from domain.llama_api import ConversationIds
+import domain.conversation_ids as conversation_ids
+from domain.conversation_ids import ConversationIds
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -26,7 +26,7 @@ def test_take_hands_out_the_id_refill_made_without_making_another(mocker: Mocker
     ids = ConversationIds()
     ids.refill()
     ids.refill()  # one waits already: none more
-    made = mocker.spy(llama_api, "new_conversation_id")
+    made = mocker.spy(conversation_ids, "new_conversation_id")
 
     first = ids.take()
     second = ids.take()
@@ -40,7 +40,7 @@ def test_an_id_made_in_another_process_is_never_taken(mocker: MockerFixture) -> 
     ids = ConversationIds()
     ids.refill()
     parent = ids._ready[0][1]
-    mocker.patch.object(llama_api.os, "getpid", return_value=os.getpid() + 1)  # as in a forked child
+    mocker.patch.object(conversation_ids.os, "getpid", return_value=os.getpid() + 1)  # as in a forked child
 
     assert ids.take() != parent
     assert ids._ready == []

@@ -15,6 +15,9 @@ from domain.llama_api import (
     parse_slots,
     parse_token_ids,
     parse_tokens,
+    reattach_path,
+    shown_target,
+    stop_path,
 )
 
 SETTINGS = {"default_generation_settings": {"n_ctx": 4096}}
@@ -164,3 +167,11 @@ def test_a_slot_action_counts_tokens_in_an_int32_and_bytes_as_a_file_size() -> N
     )
     with pytest.raises(ProtocolError, match=r"n_saved is 9223372036854775808, not a non-negative integer up to"):
         parse_slot_action(orjson.dumps({"n_saved": 2**63, "n_written": 1}), "n_saved", "n_written", where)
+
+
+def test_a_path_is_shown_without_its_conversation_id() -> None:
+    assert shown_target(reattach_path("f" * 32, 500)) == "/v1/stream?conv_id=...&from=500"
+    assert shown_target(stop_path("f" * 32)) == "/v1/stream?conv_id=..."
+    assert shown_target("/v1/stream?from=5&conv_id=abc") == "/v1/stream?from=5&conv_id=..."
+    assert shown_target("/slots?model=m") == "/slots?model=m"
+    assert shown_target("/props") == "/props"

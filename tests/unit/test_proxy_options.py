@@ -77,6 +77,13 @@ def _path_of_length(folder: Path, size: int) -> str:
         (["--listen", "{dir}/s", "--upstream", "[::1]8080"], "a colon goes between the IPv6 host and its port"),
         (["--listen", "{dir}/s", "--upstream", "a..b:80"], "host 'a..b' is not a host name (label empty or too long)"),
         (["--listen", "{dir}/s", "--upstream", "x" * 64 + ":80"], "is not a host name (label too long)"),
+        (
+            ["--listen", "{dir}/s", "--upstream", "bad\nhost:80"],
+            "host 'bad\\nhost' holds a space or a control character",
+        ),
+        (["--listen", "{dir}/s", "--upstream", " :80"], "host ' ' holds a space or a control character"),
+        (["--listen", "{dir}/s", "--upstream", "a\x1b[31m:80"], "holds a space or a control character"),
+        (["--listen", "{dir}/a\nb.sock", "--upstream", "h:1"], "b.sock' holds a control character"),
         (["--listen", "{dir}/no/such/folder/s", "--upstream", "h:1"], "does not exist"),
         (["--listen", "{dir}/file/s", "--upstream", "h:1"], "is not a folder"),
         (["--listen", "", "--upstream", "h:1"], "--listen"),

@@ -742,6 +742,24 @@ def test_arguments_that_are_not_json_are_quoted_up_to_80_characters(selftest_on:
     assert outcome.report.results[1].detail.endswith(f": {arguments[:80]!r}")
 
 
+def test_the_ok_line_shows_long_arguments_cut_to_120_characters(selftest_on: Callable[..., Outcome]) -> None:
+    arguments = '{"city": "' + "P" * 500 + '"}'
+    outcome = selftest_on(Server(tool=tool_answer(arguments=arguments)))
+    assert outcome.report.results[1].detail == (
+        f"get_time({arguments[:120]}...) parsed, finish_reason tool_calls, {outcome.report.results[1].tokens} tokens"
+    )
+
+
+def test_the_ok_line_shows_arguments_on_one_line_their_control_characters_escaped(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    arguments = '{\n  "city":\t"Paris"\n}'  # pretty-printed: JSON, on three lines
+    outcome = selftest_on(Server(tool=tool_answer(arguments=arguments)))
+    detail = outcome.report.results[1].detail
+    assert detail.startswith('get_time({\\n  "city":\\t"Paris"\\n}) parsed')
+    assert detail.isprintable()
+
+
 def test_the_run_takes_as_long_as_it_took(selftest_on: Callable[..., Outcome]) -> None:
     assert 0.0 <= selftest_on(Server()).report.seconds < 60.0
 

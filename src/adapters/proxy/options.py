@@ -145,6 +145,8 @@ def parse_upstream(value: str) -> Address:
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise UsageError(f"--upstream port must be between 1 and 65535, got {port}")
+    if any(char.isspace() or not char.isprintable() for char in host):  # no name holds one; a log line would split
+        raise UsageError(f"--upstream host {host!r} holds a space or a control character")
     try:
         host.encode("idna")  # what every connect's name lookup does first
     except UnicodeError as exc:
@@ -174,6 +176,8 @@ def _without_scheme(url: str) -> str:
 def check_socket_path(path: str) -> str:
     if not path:
         raise UsageError("--listen must name a socket path")
+    if not path.isprintable():  # a newline or an escape would split or colour every log line naming it
+        raise UsageError(f"--listen path {path!r} holds a control character")
     ending = folder_ending(path)
     if ending is not None:
         raise UsageError(f"--listen must end in the socket file's name, and {path} ends in {ending}")

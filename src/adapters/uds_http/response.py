@@ -44,6 +44,7 @@ import h11
 
 from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
 from domain.errors import ProtocolError, Stalled, StreamClosedEarly
+from domain.llama_api import shown_target
 from ports.transport import Link, ResponseHead
 
 L = TypeVar("L")
@@ -95,7 +96,7 @@ class Request:
         self.extra = extra
         self.body = body
         self.conn = conn
-        self.what = method + " " + path
+        self.what = method + " " + (shown_target(path) if "?" in path else path)  # no secret in an error
 
     @property
     def headers(self) -> tuple[tuple[str, str], ...]:
@@ -398,8 +399,8 @@ class ResponseParser:
 
 def _blank_line_end(buf: bytearray, start: int) -> int:
     """Where the first blank line from `start` ends (`\n\n` or `\n\r\n`, as h11 ends a head),
-    or -1: two finds, as a regular expression's engine would cost more on its first use after
-    an idle spell than the whole head's parse."""
+    or -1: two `find`s, so that no regular expression runs on the way to the first token (where,
+    after an idle spell, every step costs several times its warm cost)."""
     bare, crlf = buf.find(b"\n\n", start), buf.find(b"\n\r\n", start)
     if bare < 0:
         return crlf + 3 if crlf >= 0 else -1

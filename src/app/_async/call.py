@@ -41,6 +41,7 @@ from app.slot_queue import AsyncSlotQueue
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
+from domain.conversation_ids import ConversationIds
 from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
@@ -51,7 +52,6 @@ from domain.llama_api import (
     CONVERSATION_HEADER,
     REATTACH_REFUSED,
     STREAM_PATH,
-    ConversationIds,
     control_refusal,
     not_a_stream,
     reattach_later,
@@ -235,6 +235,7 @@ class AsyncLlamaCalls:
         self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
     ) -> AsyncGenerator[Retrying, None]:
         """A break (a cut, a stall, a failed re-attach): raised before the head, else a `Retrying` and its wait."""
+        token.raise_if_cancelled()  # a cancel's own shutdown of the connection: no break, the call ends
         event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
         yield event
         await self._clock.sleep(event.after_ms / 1000.0, token)
@@ -286,12 +287,11 @@ class AsyncLlamaCalls:
 
     async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:
         """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
-        limits = self._limits
-        clock = self._clock
+        limits, clock = self._limits, self._clock
         if head.status != 200:
             kept = await error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
             raise HttpError(head.status, kept, limits.error_body_bytes)
-        refused = not_a_stream(head)
+        refused = not_a_stream(head, exchange.what)
         if refused is not None:
             raise refused
 
