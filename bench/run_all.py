@@ -23,7 +23,7 @@ SUITES = [
     ("asyncio reads of small chunks: loop.sock_recv vs streams", "aio_read_bench"),
     ("end to end against the real llama-server", "e2e_bench"),
     ("first token by path: direct TCP, inferproxy, the client; where the time goes", "first_token_bench"),
-    ("first token with and without the socket made ahead for the next connect", "socket_ahead_bench"),
+    ("first token with and without what is made ahead for the next request: its socket, its id", "socket_ahead_bench"),
     ("the client's own steps to the first token: the write's place in it, asyncio's wake", "client_steps_bench"),
     ("the cache prediction: its cost per turn and its error against the server's cache_n", "cache_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),

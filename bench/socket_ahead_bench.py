@@ -1,10 +1,11 @@
-"""The socket made ahead for the next connect (`SocketAhead`), on and off in one run: the first
-`Content` of `Client.chat` and `AsyncClient.chat` through inferproxy against the fast local
-upstream (`first_token_bench`), from clients whose transport makes the next connect's socket
-just after each request is written and from clients whose transport does not. Each round runs
-the four, and a raw request over direct TCP, in a shuffled order, each after a pause (so on cold
-caches, as a request after a pause). Prints the medians and, per flavour, what the socket made
-ahead changes.
+"""What is made ahead for the next request, on and off in one run: the socket of the next
+connect (`SocketAhead`) and the next conversation id (`ConversationIds`). The first `Content` of
+`Client.chat` and `AsyncClient.chat` through inferproxy against the fast local upstream
+(`first_token_bench`), from clients that make the next one just after each request is written
+and from clients that do not. Each round runs them all, and a raw request over direct TCP, in a
+shuffled order, each after a pause (so on cold caches, as a request after a pause). Prints the
+medians and, per flavour and per thing made ahead, what it changes (the first token, and the
+request written).
 
 Run: `.venv/bin/python bench/socket_ahead_bench.py [--quick]`.
 """
@@ -31,6 +32,7 @@ def run(quick: bool = False) -> list[Row]:
     sys.path.insert(0, str(ROOT / "src"))
     import first_token_bench as ft
     from adapters.uds_http.sockets import SocketAhead
+    from domain.conversation_ids import ConversationIds
 
     class NoneAhead(SocketAhead):
         """A transport's holder that never makes a socket ahead: every connect makes its own."""
@@ -40,20 +42,33 @@ def run(quick: bool = False) -> list[Row]:
         def refill(self) -> None:
             return None
 
+    class NoIdAhead(ConversationIds):
+        """Ids that are never made ahead: each request makes its own."""
+
+        __slots__ = ()
+
+        def refill(self) -> None:
+            return None
+
     rounds, warmup = (60, 10) if quick else (200, 20)
-    paths = ["direct TCP", *(f"{f}, {kind}" for f in FLAVOURS for kind in ("socket made ahead", "none ahead"))]
+    kinds = ("all made ahead", "no socket ahead", "no id ahead")
+    paths = ["direct TCP", *(f"{f}, {kind}" for f in FLAVOURS for kind in kinds)]
     samples: dict[str, list[float]] = {path: [] for path in paths}
+    written: dict[str, list[float]] = {path: [] for path in paths}
     with tempfile.TemporaryDirectory(prefix="socket-ahead-") as folder, ft.fast_upstream() as (port, upstream):
         socket_path = os.path.join(folder, "proxy.sock")
         with ft.inferproxy(socket_path, f"127.0.0.1:{port}"):
             marks = ft.Marks()
             ahead = ft.clients(socket_path, marks, model="bench", total_slots=2, n_ctx=4096)
-            none = ft.clients(socket_path, marks, model="bench", total_slots=2, n_ctx=4096)
-            for client in none:
+            no_socket = ft.clients(socket_path, marks, model="bench", total_slots=2, n_ctx=4096)
+            no_id = ft.clients(socket_path, marks, model="bench", total_slots=2, n_ctx=4096)
+            for client in no_socket:
                 client._llama._transport._ahead = NoneAhead()
+            for client in no_id:
+                client._llama._ids = NoIdAhead()
             clients: dict[str, Any] = {
                 f"{FLAVOURS[i]}, {kind}": pair[i]
-                for kind, pair in (("socket made ahead", ahead), ("none ahead", none))
+                for kind, pair in zip(kinds, (ahead, no_socket, no_id), strict=True)
                 for i in range(2)
             }
             request = ft.request_bytes(ahead[0])
@@ -70,7 +85,7 @@ def run(quick: bool = False) -> list[Row]:
             for i in range(warmup + rounds):
                 for path in order.sample(paths, len(paths)):
                     if path == "direct TCP":
-                        start, _, first = ft.raw_first(direct, request())
+                        start, at, first = ft.raw_first(direct, request())
                     else:
                         marks.reset()
                         if path.startswith("Async"):
@@ -78,18 +93,23 @@ def run(quick: bool = False) -> list[Row]:
                         else:
                             start = ft.ns()
                             clients[path].chat(req, marks.on_event)
-                        first = marks.first
+                        first, at = marks.first, marks.written
                     ft._stamps(upstream, "upstream")
                     if i >= warmup:
                         samples[path].append((first - start) / 1e6)
+                        written[path].append((at - start) / 1e6)
                     time.sleep(ft.PAUSE_S)
             runner.close()
     median = {path: statistics.median(values) for path, values in samples.items()}
-    out: list[Row] = [("socket made ahead", f"first Content, fast upstream ({rounds} rounds, median ms)")]
+    wrote = {path: statistics.median(values) for path, values in written.items()}
+    out: list[Row] = [("made ahead", f"first Content, fast upstream ({rounds} rounds, median ms)")]
     out += [(f"  {path}", f"{median[path]:.3f}") for path in paths]
     for flavour in FLAVOURS:
-        change = median[f"{flavour}, socket made ahead"] - median[f"{flavour}, none ahead"]
-        out.append((f"  {flavour}: made ahead - none ahead", f"{change:+.3f} ms"))
+        mine = f"{flavour}, {kinds[0]}"
+        for kind, what in ((kinds[1], "the socket"), (kinds[2], "the id")):
+            other = f"{flavour}, {kind}"
+            change, sooner = median[mine] - median[other], wrote[mine] - wrote[other]
+            out.append((f"  {flavour}: {what} made ahead - not", f"{change:+.3f} ms (request written {sooner:+.3f})"))
     return out
 
 
