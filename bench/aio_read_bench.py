@@ -19,7 +19,6 @@ for a combined table. Not a test: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import socket
@@ -29,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 
-from common import report
+from common import cli
 
 CHUNK_BYTES = 500
 SERVER = """
@@ -203,12 +202,5 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
     ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer chunks and rounds")
-    args = parser.parse_args()
-    report(lambda: run(quick=args.quick))
-
-
 if __name__ == "__main__":
-    main()
+    cli(run, __doc__, "fewer chunks and rounds")

@@ -32,7 +32,6 @@ for a combined table. Not a test: nothing here asserts.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -54,7 +53,7 @@ from client_bench import (
     openai_messages,
     synthetic_stream,
 )
-from common import SRC, StackResult, Stream, fake_server, interleaved, recorded_stream, report, rounds_for
+from common import SRC, StackResult, Stream, cli, fake_server, interleaved, recorded_stream, rounds_for
 
 sys.path.insert(0, str(SRC))
 
@@ -310,12 +309,5 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
     return rows + bench_concurrent(synthetic, quick)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    args = parser.parse_args()
-    report(lambda: run(quick=args.quick))
-
-
 if __name__ == "__main__":
-    main()
+    cli(run, __doc__)

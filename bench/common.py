@@ -7,6 +7,7 @@ Imported by name (`import common`): the benchmarks run as scripts from this fold
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -194,6 +195,14 @@ def print_table(table: list[Row]) -> None:
     width = max(len(name) for name, _ in table)
     for name, value in table:
         print(f"{name:<{width}}  {value}")
+
+
+def cli(run: Callable[..., list[Row]], doc: str | None, quick: str = "fewer rounds") -> None:
+    """A benchmark's command line: `--quick` (`quick` says what it leaves out), then its table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    args = parser.parse_args()
+    report(lambda: run(quick=args.quick))
 
 
 def report(produce: Callable[[], list[Row]]) -> None:

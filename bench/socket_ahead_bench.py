@@ -12,7 +12,6 @@ Run: `.venv/bin/python bench/socket_ahead_bench.py [--quick]`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -22,7 +21,7 @@ import tempfile
 import time
 from typing import Any
 
-from common import ROOT, report
+from common import ROOT, cli
 
 Row = tuple[str, str]
 FLAVOURS = ("Client.chat", "AsyncClient.chat")
@@ -113,12 +112,5 @@ def run(quick: bool = False) -> list[Row]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    args = parser.parse_args()
-    report(lambda: run(quick=args.quick))
-
-
 if __name__ == "__main__":
-    main()
+    cli(run, __doc__)
