@@ -157,6 +157,8 @@ class ChatStream:
                 self._decoder.end()  # raises a decoder failure still pending
                 return self._end(out, self._result())
             advanced = self._steps(data, out)
+            if not self._decoder.clean and not self._over:
+                self._decoder.feed(b"")  # a failure held back behind the events handed out: now, not later
         except InferError as exc:
             return self._end(out, exc)
         if self._over:
@@ -174,7 +176,7 @@ class ChatStream:
         if self._cap.control_answer(refusal is None) is Action.OVERRUN:
             self._over = True
             raise self._cap.control_error(refusal or "")
-        return ThinkingCapped(tokens=self._assembler.reasoning_tokens)
+        return ThinkingCapped(tokens=self._cap.capped_at)  # the count the call was decided at
 
     # -- inside one feed -------------------------------------------------------------------------
 
@@ -223,5 +225,7 @@ class ChatStream:
 
     def _end(self, out: list[Step], last: Completion | InferError) -> list[Step]:
         self._over = True
+        if type(last) is Completion:  # whole: a control call decided in the same read is moot
+            out[:] = [ThinkingCapped(self._cap.capped_at) if type(s) is PostReasoningEnd else s for s in out]
         out.append(last)
         return out

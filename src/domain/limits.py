@@ -83,8 +83,8 @@ class ClientLimits:
         timeout = min(self.poll_ms / 1000.0, PROBE_TIMEOUT_S)
         return FetchLimits(timeout, timeout, self.body_bytes, self.error_body_bytes)
 
-    def first_byte_wait(self, sent: float, slot: int) -> FirstByteWait:
-        """The wait for the response head of a chat request sent at `sent`."""
+    def first_byte_wait(self, sent: float, slot: int, queued_s: float = 0.0) -> FirstByteWait:
+        """The wait for the response head of a chat request sent at `sent`, after `queued_s` at the gate."""
         return FirstByteWait(
             poll_ms=self.poll_ms,
             busy_wait_ms=self.busy_wait_ms,
@@ -92,6 +92,7 @@ class ClientLimits:
             idle_grace_ms=self.idle_grace_ms,
             sent_at=sent,
             slot=slot,
+            queued_s=queued_s,
         )
 
     @property

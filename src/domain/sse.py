@@ -75,7 +75,6 @@ class SseDecoder:
     """
 
     __slots__ = (
-        "_clean",
         "_cr_pending",
         "_data_bytes",
         "_data_first",
@@ -88,6 +87,7 @@ class SseDecoder:
         "_max_line",
         "_started",
         "_tail",
+        "clean",
         "partial_event",
     )
 
@@ -109,10 +109,10 @@ class SseDecoder:
         self._failure: InferError | None = None
         self._failure_raised = False
         self.partial_event = False
-        # True when nothing is pending (no partial line or event, no CR, not finished or
-        # failed): the fast path in `feed` may then take a whole event at once. So it is from
-        # the first feed on: an event that starts with `data: ` starts with no byte-order mark.
-        self._clean = True
+        # Read-only outside: nothing is pending (no partial line or event, no CR, not finished,
+        # no failure, even one held back behind a feed's events), so `feed` may take a whole
+        # event at once. So from the first feed: an event starting `data: ` has no BOM before.
+        self.clean = True
 
     @property
     def done(self) -> bool:
@@ -120,7 +120,7 @@ class SseDecoder:
         return self._done
 
     def feed(self, data: bytes) -> list[SseEvent]:
-        if self._clean:
+        if self.clean:
             # Fast path: whole one-line `data: ...` events, as llama-server writes its chunks (the
             # first holds two). Anything else (or invalid UTF-8) takes the general path below.
             n = len(data)
@@ -134,7 +134,7 @@ class SseDecoder:
                     value = data[6:-2]
                     if value == _DONE:
                         self._done = True
-                        self._clean = False
+                        self.clean = False
                         return [SSE_DONE]
                     try:
                         return [SseData(value.decode("utf-8"))]
@@ -181,12 +181,12 @@ class SseDecoder:
                 raise ProtocolError(f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)")
         except (ProtocolError, HttpError) as exc:
             self._failure = exc
-            self._clean = False
+            self.clean = False
             if out:
                 return out  # the error is raised by the next call
             self._failure_raised = True
             raise
-        self._clean = not (tail or self._data_lines or self._cr_pending or self._done)
+        self.clean = not (tail or self._data_lines or self._cr_pending or self._done)
         return out
 
     def _whole_events(self, data: bytes) -> list[SseEvent] | None:
@@ -200,7 +200,7 @@ class SseDecoder:
             value = line[6:]
             if value == _DONE:  # the end: what follows it is ignored, unread
                 self._done = True
-                self._clean = False
+                self.clean = False
                 out.append(SSE_DONE)
                 break
             try:
@@ -230,7 +230,7 @@ class SseDecoder:
             self._ended = True
             return []
         self._ended = True
-        self._clean = False
+        self.clean = False
         self.partial_event = bool(self._tail) or bool(self._data_lines)
         self._tail.clear()
         self._clear_data()

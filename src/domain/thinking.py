@@ -5,7 +5,9 @@ Fed after every chunk with the assembler's `reasoning_tokens` and `in_reasoning`
 - While reasoning, reaching `cap` tokens (exactly `cap` counts) asks, once, for the client to
   post `reasoning_end` and emit `ThinkingCapped(capped_at)`; `capped_at` is the count seen then
   (chunks may carry several tokens, so it can pass `cap`).
-- After that, `overrun` more reasoning tokens are tolerated; reasoning still going on beyond
+- After that, `overrun` more reasoning tokens are tolerated (counted from the control call's
+  decision only: reasoning that comes back after the budget ended a block is capped by the
+  control call as any other); reasoning still going on beyond
   `capped_at + overrun` is `OVERRUN` (the client closes the connection, which cancels generation,
   and raises `ThinkingOverrun`). Once reported, `OVERRUN` is reported again on every call.
 - A control call that does not answer `success: true` is `OVERRUN` too. (The server answers
@@ -39,7 +41,7 @@ class Action(enum.Enum):
 
 
 class ThinkingCap:
-    __slots__ = ("_budget_sent", "_cap", "_overran", "_overrun", "_trigger", "capped", "capped_at")
+    __slots__ = ("_budget_sent", "_cap", "_overran", "_overrun", "_posted", "_trigger", "capped", "capped_at")
 
     def __init__(self, cap: int, overrun: int, *, budget_sent: bool = False) -> None:
         if cap <= 0 or overrun < 0:
@@ -49,6 +51,7 @@ class ThinkingCap:
         self._budget_sent = budget_sent
         self._trigger = cap + END_TAG_TOKENS if budget_sent else cap
         self._overran = False
+        self._posted = False  # `POST_REASONING_END` decided: the overrun counts from then
         self.capped = False
         self.capped_at = 0  # the reasoning token count when `POST_REASONING_END` was decided
 
@@ -57,9 +60,9 @@ class ThinkingCap:
             return Action.OVERRUN
         if not in_reasoning:
             return Action.NONE
-        if not self.capped:
+        if not self._posted:  # (a budget that ended an earlier block posted nothing)
             if reasoning_tokens >= self._trigger:
-                self.capped = True
+                self._posted = self.capped = True
                 self.capped_at = reasoning_tokens
                 return Action.POST_REASONING_END
             return Action.NONE

@@ -73,8 +73,8 @@ def _positive(name: str, value: float) -> float:
 
 
 class FirstByteWait:
-    """The wait for the first data event of one request sent at `sent_at` (seconds); the
-    limits are in milliseconds and must be positive."""
+    """The wait for the first data event of one request sent at `sent_at` (seconds), after
+    `queued_s` at this client's slot gate; the limits are in milliseconds and must be positive."""
 
     __slots__ = (
         "_busy",
@@ -85,6 +85,7 @@ class FirstByteWait:
         "_load_wait_ms",
         "_poll_s",
         "_polls",
+        "_queued",
         "_sent_at",
         "_slot",
         "_unavailable",
@@ -101,6 +102,7 @@ class FirstByteWait:
         idle_grace_ms: float,
         sent_at: float,
         slot: int | None = None,
+        queued_s: float = 0.0,
     ) -> None:
         self._poll_s = _positive("poll_ms", poll_ms) / 1000
         self._busy_wait_ms = _positive("busy_wait_ms", busy_wait_ms)
@@ -109,7 +111,10 @@ class FirstByteWait:
         self._sent_at = sent_at
         self._slot = slot
         self._last = sent_at
-        self._busy = 0.0
+        # Time queued at this client's gate behind its own requests: the slot was busy then too,
+        # and `busy_wait_ms` bounds the two together.
+        self._queued = max(queued_s, 0.0)
+        self._busy = self._queued
         self._unavailable = 0.0
         self._unresponsive = 0.0
         self._unresponsive_seen = False
@@ -153,7 +158,9 @@ class FirstByteWait:
             self._busy += interval
             event = Waiting(slot_busy=True)
             if _reached(self._busy, self._busy_wait_ms):
-                return WaitDecision(event, WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms)))
+                note = f"; {_ms(self._queued)} of it queued in this client" if self._queued else ""
+                error = WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms, note))
+                return WaitDecision(event, error)
             return WaitDecision(event)
         if state is SlotState.UNAVAILABLE or state is SlotState.UNRESPONSIVE:
             if state is SlotState.UNAVAILABLE:
@@ -174,9 +181,9 @@ class FirstByteWait:
             return WaitDecision(event)
         raise ValueError(f"unknown slot state {state!r}")
 
-    def _message(self, what: str, charged: float, limit_ms: float) -> str:
+    def _message(self, what: str, charged: float, limit_ms: float, note: str = "") -> str:
         slot = "the slot" if self._slot is None else f"slot {self._slot}"
-        return f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms); {self._sent()}"
+        return f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms{note}); {self._sent()}"
 
     def _load_message(self) -> str:
         """The load budget's message: as it always was when every such poll was unavailable;

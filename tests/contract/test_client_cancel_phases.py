@@ -504,6 +504,28 @@ def test_a_caller_queued_at_the_slot_gate_waits_at_most_busy_wait_ms(server: Fak
     holder.join()
 
 
+def test_time_queued_at_the_gate_and_busy_on_the_server_share_one_busy_wait_ms(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    # The holder streams for about 100 ms; the caller queued behind it then finds the slot busy
+    # on the server: the slot was busy for it the whole time, and busy_wait_ms bounds it whole.
+    holding = sse_reply([*(chunk({"content": "x"}) for _ in range(4)), chunk(finish="stop")], delay_s=0.025)
+    server.route(*CHAT, holding, silence())
+    server.route(*SLOTS, json_reply([{"id": 0, "is_processing": True}]))
+    client = client_kind.client_for(server, busy_wait_ms=150, poll_ms=50, liveness_ms=200)
+    streaming = threading.Event()
+    holder = Outcome(lambda: client.chat(REQ, lambda e: streaming.set()))
+    assert streaming.wait(3.0)
+
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match=r"of it queued in this client\); no data") as caught:
+        client.chat(REQ, lambda event: None)
+    waited = time.monotonic() - started
+
+    assert waited < 0.15 + 0.05 + WITHIN_S, str(caught.value)  # the limit, and the poll that found it
+    holder.join()
+
+
 def test_a_cancel_while_a_failed_call_stops_its_generation_still_gives_the_slot_back(
     server: FakeServer, client_kind: Kind
 ) -> None:

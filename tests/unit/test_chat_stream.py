@@ -125,3 +125,19 @@ def test_done_before_the_final_chunk_ends_the_stream_at_once() -> None:
     assert steps[0] == Reasoning("a")
     assert len(steps) == 2
     assert isinstance(steps[1], StreamClosedEarly)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"data: " + b"x" * (1 << 16) + b"\n\n", b"data: \xff\xfe\n\n", b"data: " + b"x" * (1 << 16)],
+    ids=["line over the cap", "invalid UTF-8", "unterminated line over the cap"],
+)
+def test_a_broken_line_behind_good_events_ends_the_feed_that_brought_it(bad: bytes) -> None:
+    # Not held back for a next read that may never come (silence would then read as a stall,
+    # and a broken stream be picked up again or its request sent twice).
+    stream = ChatStream(limits(), max_tokens=1000, now=0.0)
+    steps = stream.feed(reasoning("a") + bad, now=0.1)
+    assert steps[0] == Reasoning("a")
+    assert isinstance(steps[-1], ProtocolError) and len(steps) == 2
+    with pytest.raises(ProtocolError, match=OVER):
+        stream.feed(b"data: {}\n\n", now=0.2)

@@ -97,3 +97,32 @@ def test_a_thinking_request_carries_the_budget_and_a_plain_one_does_not() -> Non
         build_chat_body(ChatRequest(slot=0, messages=(UserMessage("hi"),), thinking=True), unset, total_slots=1)
     )
     assert "thinking_budget_tokens" not in body
+
+
+def test_reasoning_that_comes_back_after_the_budget_ended_a_block_is_capped_by_the_control_call() -> None:
+    # The budget ended the first block at the cap; a second one starts: it is not an overrun of
+    # a control call never made, but reasoning past the cap, capped at the fallback point.
+    second = [chunk({"reasoning_content": f"s{i}"}, n=CAP + 1 + i) for i in range(1, END_TAG_TOKENS + 2)]
+    out = steps(True, *reasoning_to(CAP), chunk({"content": "a"}, n=CAP + 1), *second)
+    assert out.count(ThinkingCapped(tokens=CAP)) == 1
+    posts = [s for s in out if isinstance(s, PostReasoningEnd)]
+    assert len(posts) == 1, out
+    assert not any(isinstance(s, Exception) for s in out)
+
+
+def test_an_answer_that_ends_in_the_read_that_reaches_the_fallback_point_posts_no_control_call() -> None:
+    # The final chunk is in hand: nothing the server says after it can change the answer.
+    trigger = CAP + END_TAG_TOKENS
+    stream = ChatStream(LIMITS, 100, 0.0, budget_sent=True)
+    out = stream.feed(sse(*reasoning_to(trigger), chunk(finish="length", n=trigger)), 0.0)
+    assert not any(isinstance(s, PostReasoningEnd) for s in out)
+    assert out[-2:-1] == [ThinkingCapped(tokens=trigger)]
+    assert getattr(out[-1], "thinking_capped", None) is True
+
+
+def test_thinking_capped_names_the_count_the_control_call_was_decided_at() -> None:
+    trigger = CAP + END_TAG_TOKENS
+    stream = ChatStream(LIMITS, 100, 0.0, budget_sent=True)
+    out = stream.feed(sse(*reasoning_to(trigger + 3)), 0.0)  # one read: the call is decided at the trigger
+    assert len([s for s in out if isinstance(s, PostReasoningEnd)]) == 1
+    assert stream.control_answered(None) == ThinkingCapped(tokens=trigger)

@@ -61,6 +61,28 @@ def test_busy_one_ms_over_the_limit_is_a_wait_timeout_naming_the_times() -> None
     assert str(d.error) == "slot 0 stayed busy for 201 ms (limit 200 ms); no data 201 ms after sending, 1 polls"
 
 
+def test_time_queued_at_the_gate_counts_against_the_busy_budget_and_is_named() -> None:
+    # 130 ms queued behind this client's own request, then busy on the server: one limit for both.
+    w = FirstByteWait(
+        poll_ms=50, busy_wait_ms=200, load_wait_ms=150, idle_grace_ms=100, sent_at=T0, slot=0, queued_s=0.13
+    )
+    first, second = polls(w, (50, BUSY), (100, BUSY))
+    assert first.error is None
+    assert isinstance(second.error, WaitTimeout)
+    assert str(second.error) == (
+        "slot 0 stayed busy for 230 ms (limit 200 ms; 130 ms of it queued in this client);"
+        " no data 100 ms after sending, 2 polls"
+    )
+
+
+def test_time_queued_is_no_busy_time_for_an_idle_or_unavailable_slot() -> None:
+    w = FirstByteWait(
+        poll_ms=50, busy_wait_ms=200, load_wait_ms=150, idle_grace_ms=100, sent_at=T0, slot=0, queued_s=0.19
+    )
+    assert [d.error for d in polls(w, (50, IDLE), (100, DOWN))] == [None, None]
+    assert w.busy_s == pytest.approx(0.19)
+
+
 def test_busy_budget_summed_over_many_polls_is_reached_exactly() -> None:
     w = wait(busy_wait_ms=600_000, poll_ms=5000)
     out = [w.on_poll(T0 + 5.0 * i, BUSY) for i in range(1, 121)]

@@ -20,7 +20,18 @@ class Flight:
     it feeds and the body bytes it consumed; `generating` names the conversation the server may
     still be generating for (stopped when the attempt ends without its `Completion`)."""
 
-    __slots__ = ("consumed", "conversation", "cut", "exchange", "first", "generating", "link", "started", "stream")
+    __slots__ = (
+        "consumed",
+        "conversation",
+        "cut",
+        "exchange",
+        "first",
+        "generating",
+        "link",
+        "queued_s",
+        "started",
+        "stream",
+    )
 
     def __init__(self, link: Link | None = None) -> None:
         self.link = link  # a connection made ahead for the first request, until it is sent or dropped
@@ -32,6 +43,13 @@ class Flight:
         self.consumed = 0
         self.started = 0.0
         self.first = True
+        self.queued_s = 0.0  # how long the attempt queued at the gate, until its first request
+
+    def take_queued(self) -> float:
+        """The time queued at the gate, for the attempt's first request only (a re-send after it
+        finds the slot held, not queued)."""
+        queued, self.queued_s = self.queued_s, 0.0
+        return queued
 
     def take_off(self, conversation: str, exchange: AsyncExchange, stream: ChatStream, now: float) -> None:
         self.conversation = conversation

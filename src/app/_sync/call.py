@@ -113,8 +113,7 @@ class LlamaCalls:
 
     # -- a chat -------------------------------------------------------------------------------
 
-    def attempts(self) -> Attempts:
-        """The attempts of a call starting now."""
+    def attempts(self) -> Attempts:  # those of a call starting now
         return Attempts(self._retry, self._clock.now())
 
     def sleep(self, seconds: float, token: CancelToken) -> None:
@@ -138,8 +137,10 @@ class LlamaCalls:
         try:
             if ticket.ahead:
                 flight.close()  # not held through a wait at the gate
+                since = clock.now()
                 for queued in self._queued(ticket, slot, token):
                     yield queued
+                flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
             prediction, rendered = self.cache.before(req, body, token)
             if prediction is not None:
                 yield prediction
@@ -260,7 +261,7 @@ class LlamaCalls:
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            return conversation, exchange, stream, limits.first_byte_wait(sent, req.slot)
+            return conversation, exchange, stream, limits.first_byte_wait(sent, req.slot, flight.take_queued())
         except BaseException:
             exchange.close()
             raise
@@ -306,9 +307,8 @@ class LlamaCalls:
 
     def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
         """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
-        queue = self._queue
+        queue, ahead = self._queue, ticket.ahead
         deadline = queue.deadline(self._limits.gate_wait_s)
-        ahead = ticket.ahead
         while ahead:
             log.debug("slot %d: queued, %d ahead", slot, ahead)
             yield Queued(ahead)
