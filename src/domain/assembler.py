@@ -9,7 +9,8 @@ Invariants:
 - Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries
   them (a different later value is a `ProtocolError`); `arguments` pieces are concatenated.
 - `timings` are the latest seen. `reasoning_tokens` never falls and is at least both the latest
-  reasoning chunk's `timings.predicted_n` and the number of chunks with reasoning text, so a
+  reasoning chunk's `timings.predicted_n` (less the tokens the content took before it: reasoning
+  after an answer began counts its own) and the number of chunks with reasoning text, so a
   stuck or missing `predicted_n` cannot hold the thinking cap off; `in_reasoning` is true from
   a reasoning delta until a content or tool-call delta or the final chunk.
 - `advanced` says whether the last chunk moved the generation on (the liveness rule): new text,
@@ -80,6 +81,7 @@ class Assembler:
         "_max_pieces",
         "_max_predicted",
         "_max_prompt",
+        "_outside",
         "_pieces",
         "_predicted",
         "_processed",
@@ -114,6 +116,7 @@ class Assembler:
         self._answer_bytes = 0
         self._answer_cap = sys.maxsize if max_answer_bytes is None else max_answer_bytes
         self._reasoning_chunks = 0
+        self._outside = 0  # of `predicted_n`, the tokens generated outside the reasoning
         self._pieces = 0  # chunks that grew the answer
         self._max_pieces = sys.maxsize if max_predicted is None else PIECES_PER_TOKEN * max_predicted + PIECES_SLACK
         self._predicted = 0
@@ -215,8 +218,8 @@ class Assembler:
                 self.advanced = True
                 self._reasoning_chunks += 1
                 tokens = max(self.reasoning_tokens, self._reasoning_chunks)
-                if type(predicted) is int and predicted > tokens:
-                    tokens = predicted
+                if type(predicted) is int and predicted - self._outside > tokens:
+                    tokens = predicted - self._outside
                 self.reasoning_tokens = tokens
                 events = (*events, Reasoning(text))
         text = delta.get("content")
@@ -238,6 +241,8 @@ class Assembler:
             grew, deltas = self._tools.feed(calls, self._grow, self._chunks)
             self.advanced = self.advanced or grew
             events = (*events, *deltas)
+        if not self.in_reasoning and type(predicted) is int and predicted > self.reasoning_tokens + self._outside:
+            self._outside = predicted - self.reasoning_tokens  # reasoning after the answer began counts its own
         return events
 
     def _progress(self, progress: dict[str, Any]) -> Progress:

@@ -118,3 +118,14 @@ def test_an_answer_exactly_at_the_cap_is_whole() -> None:
     assembler.feed(chunk(finish="stop"))
 
     assert assembler.result().content == "abc"
+
+
+def test_reasoning_after_the_answer_began_counts_only_its_own_tokens() -> None:
+    # predicted_n counts every token generated: the content's too.
+    assembler = Assembler()
+    for n in range(1, 4):
+        assembler.feed(chunk({"reasoning_content": "r"}, n=n))
+    for n in range(4, 54):
+        assembler.feed(chunk({"content": "c"}, n=n))
+    assembler.feed(chunk({"reasoning_content": "r"}, n=54))
+    assert assembler.reasoning_tokens == 4
