@@ -265,6 +265,8 @@ def restore_refusal(checkpoint: Checkpoint, props: Props, tokens: Sequence[int] 
         return "the server runs another model than the one it was saved under"
     if props.n_ctx != checkpoint.n_ctx:
         return f"the server's slot context is {props.n_ctx}, not {checkpoint.n_ctx}"
+    if tokens is not None and checkpoint.prompt_tokens == 0:  # saved with no prompt on record
+        return "it has no prompt on record (only restore_slot puts it back)"
     if tokens is not None and not covers(checkpoint, tokens):
         return "the request does not begin with the prompt it covers"
     return None

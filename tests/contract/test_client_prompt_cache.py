@@ -155,8 +155,11 @@ def test_a_slots_answer_of_404_or_501_skips_one_turn_and_turns_nothing_off(
     assert Content(ANSWER) in events and predictions(events) == []
     assert not [r for r in caplog.records if "prediction off" in r.getMessage()]
     server.route("GET", "/slots", lambda r: json_reply(llama._slots()))
+    del server.requests[:]
     later = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Italy?"))
     assert len(predictions(later)) == 1, "the next turn is predicted again"
+    # with the last turn's rendering kept: three small requests, as every turn
+    assert paths(server)[:3] == ["POST /apply-template", "POST /tokenize", "GET /slots?model=default"]
 
 
 @pytest.mark.parametrize("token_id", [2**31, 2**63])
@@ -416,3 +419,36 @@ def test_a_server_that_cannot_render_still_saves_and_restores_a_checkpoint(
     assert client.restore_slot(0) == checkpoint.tokens and llama.held[0] == saved
     events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
     assert Content(ANSWER) in events and predictions(events) == []  # nothing predicted: it cannot render
+
+
+def test_a_restore_the_server_answers_with_0_tokens_is_said_not_restored(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama, client = saved_then_restarted(server, client_kind)
+    for name in llama.files:
+        llama.files[name] = []  # the file holds nothing: the server restores 0 tokens
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?")))
+    assert "POST /slots/0?action=restore" in paths(server)
+    assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED)
+    assert any("not restored: the server restored 0 tokens" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_checkpoint_with_no_prompt_on_record_is_never_restored_by_itself(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Saved while the slot held another client's conversation: nothing says which requests it fits.
+    llama = CachingLlama(server)
+    turn(client_for(client_kind, server), SYSTEM, ASK)
+    client = client_for(client_kind, server)
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None and checkpoint.prompt_tokens == 0 and checkpoint.tokens > 0
+    turn(client, SYSTEM, UserMessage("And of Spain?"))
+    llama.restart()
+    del server.requests[:]
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        events = turn(client, SYSTEM, UserMessage("And of Spain?"), AssistantMessage(ANSWER), UserMessage("Why?"))
+    [prediction] = predictions(events)
+    assert "POST /slots/0?action=restore" not in paths(server)
+    assert prediction.restored == 0
+    assert any("not restored: it has no prompt on record" in r.getMessage() for r in caplog.records), caplog.text

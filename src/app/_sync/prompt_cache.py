@@ -98,6 +98,7 @@ class PromptCache:
         if not self._memory.renders or not (self._settings.predict or (checkpoint and previous)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
+        now: Rendered | None = None
         try:
             now = self._render(body, token)
             if previous is None:
@@ -117,7 +118,7 @@ class PromptCache:
             token.raise_if_cancelled()
             if not (rendering and self._cannot_render(exc)):
                 log.debug("slot %d: cache prediction skipped: %s", slot, loggable(exc))
-            return None, None
+            return None, now  # a rendering made is kept: the next turn need not make it again
         log.debug("slot %d: %s", slot, prediction)
         return prediction, now
 
@@ -223,7 +224,9 @@ class PromptCache:
         try:
             refusal = restore_refusal(checkpoint, self._info.props(token), now.tokens)
             if refusal is None:
-                return self._restore(checkpoint, token)
+                if restored := self._restore(checkpoint, token):
+                    return restored
+                refusal = "the server restored 0 tokens"
         except InferError as exc:
             token.raise_if_cancelled()
             refusal = loggable(exc)
