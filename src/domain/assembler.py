@@ -235,15 +235,20 @@ class Assembler:
                 self.in_reasoning = False
                 self.advanced = True
                 events = (*events, Content(text))
+                self._spent_outside(predicted)
         calls = delta.get("tool_calls")
         if calls:
             self.in_reasoning = False
             grew, deltas = self._tools.feed(calls, self._grow, self._chunks)
             self.advanced = self.advanced or grew
             events = (*events, *deltas)
-        if not self.in_reasoning and type(predicted) is int and predicted > self.reasoning_tokens + self._outside:
-            self._outside = predicted - self.reasoning_tokens  # reasoning after the answer began counts its own
+            self._spent_outside(predicted)
         return events
+
+    def _spent_outside(self, predicted: object) -> None:
+        """An answer's text or tool call came at `predicted`: reasoning after it counts its own."""
+        if type(predicted) is int and predicted > self.reasoning_tokens + self._outside:
+            self._outside = predicted - self.reasoning_tokens
 
     def _progress(self, progress: dict[str, Any]) -> Progress:
         event = Progress(

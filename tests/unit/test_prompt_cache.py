@@ -270,7 +270,13 @@ def test_a_checkpoint_from_another_server_is_refused_and_says_why(changes: dict[
 def test_a_checkpoint_is_refused_before_a_request_that_does_not_begin_with_its_prompt() -> None:
     assert "does not begin" in str(restore_refusal(checkpoint(), PROPS, PROMPT1[:299]))
     assert "does not begin" in str(restore_refusal(checkpoint(), PROPS, [0, *PROMPT1]))
-    assert restore_refusal(checkpoint(prompt_tokens=0, prompt_sha256=prompt_digest([])), PROPS, [5]) is None
+
+
+def test_a_checkpoint_with_no_prompt_on_record_goes_back_only_by_hand() -> None:
+    # Saved while nothing this client sent was on record: it fits no request it can name.
+    empty = checkpoint(prompt_tokens=0, prompt_sha256=prompt_digest([]))
+    assert restore_refusal(empty, PROPS, [5]) == "it has no prompt on record (only restore_slot puts it back)"
+    assert restore_refusal(empty, PROPS, None) is None
 
 
 def test_the_model_falls_back_to_the_alias_and_the_file_names_the_slot() -> None:
