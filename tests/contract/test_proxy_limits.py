@@ -5,6 +5,7 @@ The proxy runs in-process, so its clock is a `ManualClock` and its counts can be
 """
 
 import contextlib
+import errno
 import gc
 import os
 import socket
@@ -13,8 +14,18 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from adapters.proxy.options import ProxyLimits
-from adapters.proxy.testing import LoopbackUpstream, ManualClock, RunningProxy, echo, round_trip, running_proxy
+from adapters.proxy.testing import (
+    LoopbackUpstream,
+    ManualClock,
+    RunningProxy,
+    echo,
+    eventually,
+    round_trip,
+    running_proxy,
+)
 
 CONNS_FULL = "refused a connection: 8 connections already open"
 RATE_REASON = "accept rate limit (burst 10, refill 2/s)"
@@ -228,3 +239,37 @@ def test_descriptor_and_thread_counts_are_the_same_before_and_after_a_flood_of_2
     assert upstream.accepted == 1 + 8 * rounds
     assert not upstream.failures
     assert (fds_after, threads_after) == (fds_before, threads_before)
+
+
+def test_accepts_that_fail_say_so_once_a_second_with_how_many_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Out of descriptors, the backlog is tried again every 50 ms: a line each time would flood
+    # the log for as long as the shortage lasts.
+    real_accept = socket.socket.accept
+
+    def accept(self: socket.socket) -> tuple[socket.socket, object]:
+        if self.family == socket.AF_UNIX:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(self)
+
+    clock = ManualClock()
+    with (
+        LoopbackUpstream(echo) as upstream,
+        running_proxy(str(tmp_path / "p.sock"), upstream.address, clock=clock) as proxy,
+    ):
+        monkeypatch.setattr(socket.socket, "accept", accept)
+        waiting = proxy.connect()
+        try:
+            assert eventually(lambda: any("accept failed" in line for line in proxy.lines))
+            assert eventually(lambda: proxy.proxy._accept_failures >= 3)  # tried again, said nothing
+            assert [line for line in proxy.lines if "accept failed" in line] == ["accept failed: Too many open files"]
+            clock.advance(1.0)
+            assert eventually(lambda: len([line for line in proxy.lines if "accept failed" in line]) == 2)
+            second = [line for line in proxy.lines if "accept failed" in line][1]
+            assert (
+                second.startswith("accept failed: Too many open files (") and "more since the last such line" in second
+            )
+        finally:
+            monkeypatch.undo()
+            waiting.close()

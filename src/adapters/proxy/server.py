@@ -49,6 +49,9 @@ ACCEPT_BATCH = 64
 SPARE_AFTER_S = 0.002
 _JOIN_ON_STOP_S = 2.0
 _ACCEPT_PAUSE_S = 0.05
+# An accept that fails (out of descriptors) says so at most once a second, with how many failed
+# since: the backlog is tried again every `_ACCEPT_PAUSE_S`, and each try would be a line.
+_ACCEPT_FAILURE_LINE_S = 1.0
 _TRANSIENT_ACCEPT = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR, errno.ECONNABORTED, errno.EPROTO}
 _ACCEPT, _WAKE, _LOG = "accept", "wake", "log"
 
@@ -73,6 +76,7 @@ class Proxy:
         self._limits = limits if limits is not None else ProxyLimits()
         self._bucket = TokenBucket(self._limits.burst, self._limits.rate, clock)
         self._refusals = RefusalLines(clock)
+        self._clock = clock
         self._log: Log = log if log is not None else StderrLog()
         self._drainable = self._log if isinstance(self._log, DrainableLog) else None
         self._connect_timeout = connect_timeout
@@ -88,6 +92,8 @@ class Proxy:
         self._serial = 0
         self._accepted = 0
         self._resume_accept_at: float | None = None  # set while accepting pauses, out of descriptors
+        self._accept_failures = 0  # since the last line that said so
+        self._accept_failure_line_at = -_ACCEPT_FAILURE_LINE_S
         self._wake_read = self._wake_write = -1  # the wake-up pipe exists while serve() runs
         self._log_fd = -1  # the log's descriptor while the selector watches it
         self._wake_lock = threading.Lock()
@@ -226,8 +232,8 @@ class Proxy:
             except OSError as exc:
                 if exc.errno in _TRANSIENT_ACCEPT:
                     continue
-                # Out of descriptors or similar: say so, and let the backlog wait a moment.
-                self._log(f"accept failed: {exc.strerror}")
+                # Out of descriptors or similar: say so (once a second), and let the backlog wait a moment.
+                self._accept_failed(exc)
                 selector.unregister(listener)
                 self._resume_accept_at = time.monotonic() + _ACCEPT_PAUSE_S
                 return
@@ -241,6 +247,15 @@ class Proxy:
         if self._resume_accept_at is not None and time.monotonic() >= self._resume_accept_at:
             self._resume_accept_at = None
             selector.register(listener, selectors.EVENT_READ, _ACCEPT)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        self._accept_failures += 1
+        now = self._clock()
+        if now - self._accept_failure_line_at < _ACCEPT_FAILURE_LINE_S:
+            return
+        more = self._accept_failures - 1
+        self._log(f"accept failed: {exc.strerror}" + (f" ({more} more since the last such line)" if more else ""))
+        self._accept_failures, self._accept_failure_line_at = 0, now
 
     def _admit(self, client: socket.socket) -> bool:
         """Hand `client` a connection, or refuse it; whether it was handed one."""
