@@ -5,6 +5,7 @@ is never timed again.
 The proxy runs in-process; the limits here are 150 ms, so the waits are short and bounded.
 """
 
+import contextlib
 import socket
 import threading
 import time
@@ -13,16 +14,18 @@ from pathlib import Path
 import pytest
 
 from adapters.proxy.options import ProxyLimits
-from adapters.proxy.testing import LoopbackUpstream, echo, running_proxy
+from adapters.proxy.testing import LoopbackUpstream, black_hole, echo, running_proxy
 
 LIMIT = 0.15
 SILENT = f"closed a connection: the client sent no byte within {LIMIT:g} s (first-byte limit)"
 
 
 def closed_at(client: socket.socket, timeout: float) -> float:
-    """When the proxy closed this client (EOF), by `time.monotonic()`; fails after `timeout`."""
+    """When the proxy closed this client (EOF, or a reset if data it sent was left unread), by
+    `time.monotonic()`; fails after `timeout`."""
     client.settimeout(timeout)
-    assert client.recv(1) == b""
+    with contextlib.suppress(ConnectionResetError):
+        assert client.recv(1) == b""
     return time.monotonic()
 
 
@@ -101,3 +104,36 @@ def test_a_client_that_only_half_closes_has_said_its_piece_and_gets_a_late_answe
     assert heard == [b""]
     assert proxy.lines == []
     assert not upstream.failures
+
+
+@pytest.mark.parametrize("ready_every", [None, 0.05], ids=["connected for the client", "a spare connecting ahead"])
+def test_a_silent_client_is_closed_at_the_limit_while_its_upstream_connect_still_hangs(
+    tmp_path: Path, ready_every: float | None
+) -> None:
+    # The connect may take its 2 s: the client, silent, holds its place only as long as the limit.
+    limits = ProxyLimits(first_byte_timeout=LIMIT)
+    with (
+        black_hole() as address,
+        running_proxy(str(tmp_path / "p.sock"), address, limits, connect_timeout=2.0, ready_every=ready_every) as proxy,
+    ):
+        started = time.monotonic()
+        with proxy.connect() as client:
+            closed = closed_at(client, timeout=2.0) - started
+        assert proxy.proxy.wait_idle(2)
+    assert LIMIT <= closed < LIMIT + 0.2, closed
+    assert proxy.lines == [SILENT]
+
+
+def test_a_client_that_spoke_while_the_upstream_connect_hangs_waits_for_the_connect(tmp_path: Path) -> None:
+    limits = ProxyLimits(first_byte_timeout=LIMIT)
+    with (
+        black_hole() as address,
+        running_proxy(str(tmp_path / "p.sock"), address, limits, connect_timeout=0.4) as proxy,
+    ):
+        started = time.monotonic()
+        with proxy.connect() as client:
+            client.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            closed = closed_at(client, timeout=2.0) - started
+        assert proxy.proxy.wait_idle(2)
+    assert closed >= 0.4, closed  # not cut at the first-byte limit: it spoke
+    assert [line.partition(" unreachable")[0] for line in proxy.lines] == [f"closed a connection: upstream {address}"]

@@ -14,11 +14,10 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from adapters.proxy.options import UsageError, parse_args
-from adapters.proxy.server import Proxy
-from adapters.proxy.socket_file import SocketFileError, bind_socket_file
-from adapters.proxy.stderr_log import StderrLog
+if TYPE_CHECKING:
+    from adapters.proxy.stderr_log import StderrLog
 
 # SIGHUP too: the default would kill the process and leave the socket file behind.
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
@@ -32,11 +31,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Like argparse's version action (and --help): answer, then exit 0 whatever else is given.
         print(f"inferproxy {version()}")
         raise SystemExit(0)
-    log = StderrLog()
+    # Held from the first step, before the rest of the proxy is loaded: a stop signal that comes
+    # while it starts is handled as one that comes later (exit 0), never by its default (killed,
+    # or a traceback for SIGINT).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
-        return _run(args, log)
+        from adapters.proxy.stderr_log import StderrLog
+
+        log = StderrLog()
+        try:
+            return _run(args, log)
+        finally:
+            log.close()
     finally:
-        log.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def version() -> str:
@@ -50,16 +58,19 @@ def version() -> str:
         return "0+unknown"
 
 
-def _run(argv: Sequence[str], log: StderrLog) -> int:
+def _run(argv: Sequence[str], log: "StderrLog") -> int:
+    """Start and serve, the stop signals held until their handlers are in place (so a SIGTERM
+    during start-up still removes the socket file)."""
+    from adapters.proxy.options import UsageError, parse_args
+    from adapters.proxy.server import Proxy
+    from adapters.proxy.socket_file import SocketFileError, bind_socket_file
+
     try:
         settings = parse_args(argv)
     except UsageError as exc:
         log(f"error: {exc}")
         log.finish(_FAILURE_LINE_WAIT_S)
         return 2
-    # Hold the stop signals until their handlers are in place, so a SIGTERM during start-up
-    # still removes the socket file.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         try:
             bound = bind_socket_file(settings.listen)

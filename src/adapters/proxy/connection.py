@@ -22,8 +22,9 @@ connection ready, then moves upstream → client. Invariants:
   the lock `abort` takes, before its connect starts), so a stop is never held up by an upstream
   that does not answer.
 - A client that has sent nothing (no byte, no EOF) `first_byte_timeout` seconds after it was
-  accepted is closed, with one line, so silent clients cannot hold every place for ever. That
-  is the only timer: once the first byte (or an EOF) has come, nothing is timed.
+  accepted is closed, with one line, so silent clients cannot hold every place for ever; that
+  holds while its upstream connection is still being made, too. That is the only timer: once
+  the first byte (or an EOF) has come, nothing is timed.
 - EOF from one side becomes `shutdown(SHUT_WR)` towards the other; no timer ever cuts the other
   direction short, so a client that half-closes after its request gets an answer of any length.
 - When either side fails, both sockets are shut down, which wakes whichever thread is blocked.
@@ -54,6 +55,17 @@ AddressInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, SocketAdd
 
 def _nothing() -> None:
     return None
+
+
+class _SilentClient(Exception):
+    """The client sent nothing by its first-byte limit while its upstream connection was made."""
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether `sock` has something to read (a byte or EOF) or failed, now."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _with_options(sock: socket.socket) -> bool:
@@ -375,11 +387,13 @@ class Connection:
         assert client is not None
         upstream = self._linked or self._take_ready()  # connected ahead, with its options set
         first_by = time.monotonic() + self._connect_timeout  # the client waits no longer for its first try
+        silent = None if self._moved or self._pending else client  # watched for its first byte meanwhile
         if upstream is None and not self._ahead.is_set():  # one is on its way: sooner than a new one
-            self._ahead.wait(self._connect_timeout)
+            if not self._wait_ahead(silent, first_by):
+                return
             upstream = self._take_ready()
         if upstream is None:
-            upstream = self._connect_for_client(first_by)
+            upstream = self._connect_for_client(first_by, silent)
             if upstream is None:
                 return
         self._linked = upstream
@@ -388,7 +402,7 @@ class Connection:
             if self._pending:
                 self._send_pending(upstream)
             if not self._moved and not self._first_byte_came(client):
-                self._on_closed(f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)")
+                self._on_closed(self._silent_line())
             elif self._pump(client, upstream, self._up):
                 self._wait_for_client_hangup(client)
         finally:
@@ -396,11 +410,32 @@ class Connection:
             # case the other direction must stop now.
             self.abort()
 
-    def _connect_for_client(self, first_by: float) -> socket.socket | None:
-        """A connection made now (none was ready), or None (unreachable, with its line; aborted);
-        the first address tried gets until `first_by`, what a wait for the attempt ahead left."""
+    def _wait_ahead(self, silent: socket.socket | None, until: float) -> bool:
+        """Wait, until `until`, for the connection a spare is making ahead; False (with its line)
+        if the client `silent` so far sends nothing by its first-byte limit meanwhile."""
+        if silent is not None and self._first_byte_by < until and not self._ahead_or_spoke(silent):
+            self._on_closed(self._silent_line())
+            self.abort()  # the client sees its close now, and the attempt ahead ends
+            return False
+        self._ahead.wait(max(0.0, until - time.monotonic()))
+        return True
+
+    def _ahead_or_spoke(self, silent: socket.socket) -> bool:
+        """By the first-byte limit: whether the connection ahead came, or the client spoke."""
+        return self._ahead.wait(max(0.0, self._first_byte_by - time.monotonic())) or _readable(silent)
+
+    def _silent_line(self) -> str:
+        return f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)"
+
+    def _connect_for_client(self, first_by: float, silent: socket.socket | None) -> socket.socket | None:
+        """A connection made now (none was ready), or None (unreachable, or the client `silent`
+        so far stayed so past its first-byte limit, with its line; aborted); the first address
+        tried gets until `first_by`, what a wait for the attempt ahead left."""
         try:
-            upstream = self._connect(first_by)
+            upstream = self._connect(first_by, silent)
+        except _SilentClient:
+            self._on_closed(self._silent_line())
+            return None
         except OSError as exc:
             reason = exc.strerror or str(exc) or type(exc).__name__
             self._on_closed(f"upstream {self._address} unreachable ({reason})")
@@ -421,7 +456,7 @@ class Connection:
         except OSError:
             self.abort()
 
-    def _connect(self, first_by: float | None = None) -> socket.socket | None:
+    def _connect(self, first_by: float | None = None, silent: socket.socket | None = None) -> socket.socket | None:
         """A connection upstream, as `socket.create_connection` makes it (still non-blocking),
         now the caller's; None once aborted. Each address the name resolves to gets
         `connect_timeout` (the first, until `first_by` when given); the last failure is raised.
@@ -449,9 +484,14 @@ class Connection:
                 if started not in (0, errno.EINPROGRESS):
                     raise OSError(started, os.strerror(started))
                 if started:
-                    self._wait_connected(sock, by)
+                    silent = self._wait_connected(sock, by, silent)
             except OSError as exc:
                 failure = exc
+            except _SilentClient:
+                with self._lock:
+                    self._connecting = None
+                    sock.close()
+                raise
             with self._lock:
                 self._connecting = None
                 if failure is None and not self._aborted:
@@ -461,17 +501,36 @@ class Connection:
                     return None
         raise failure if failure is not None else OSError(f"no address for {self._address.host}")
 
-    def _wait_connected(self, sock: socket.socket, by: float | None) -> None:
+    def _wait_connected(
+        self, sock: socket.socket, by: float | None, silent: socket.socket | None
+    ) -> socket.socket | None:
+        """Wait for `sock`'s connect (until `by`, else `connect_timeout`); meanwhile, `_SilentClient`
+        if the client `silent` so far sends nothing by its first-byte limit. Returns it while it
+        is silent still (None once it has sent), for the next address's wait."""
         poller = select.poll()
         poller.register(sock, select.POLLOUT)
-        wait = self._connect_timeout if by is None else by - time.monotonic()
-        if wait <= 0 or not poller.poll(math.ceil(wait * 1000)):
-            raise TimeoutError("timed out")
+        end = time.monotonic() + self._connect_timeout if by is None else by
+        if silent is not None:
+            poller.register(silent, select.POLLIN)
+        while True:
+            silent_by = self._first_byte_by if silent is not None else end
+            wait = min(end, silent_by) - time.monotonic()
+            ready = {fd for fd, _ in poller.poll(math.ceil(wait * 1000))} if wait > 0 else set()
+            if sock.fileno() in ready:
+                break
+            if silent is not None and silent.fileno() in ready:  # it spoke: only the connect is waited for
+                poller.unregister(silent)
+                silent = None
+            elif silent is not None and time.monotonic() >= silent_by:
+                raise _SilentClient
+            elif time.monotonic() >= end:
+                raise TimeoutError("timed out")
         if self._aborted:
-            return
+            return silent
         failed = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if failed:
             raise OSError(failed, os.strerror(failed))
+        return silent
 
     def _pump(self, src: socket.socket, dst: socket.socket, mover: Mover) -> bool:
         """Move src → dst until EOF, then pass the half-close on. False (and abort) on failure."""
