@@ -20,8 +20,8 @@ from adapters.proxy.socket_file import folder_ending
 MAX_SOCKET_PATH_BYTES = 107
 # The flags' bounds: past them a value is a typo, not a setting. Each connection holds two threads
 # and nine descriptors (counted: 1024 need a descriptor limit near 10,000); a rate under one accept
-# in 1,000 s never refills; a first-byte limit
-# under 10 ms closes clients that have not sent at once, one over a day holds a place for ever.
+# in 1,000 s never refills; a first-byte limit under 10 ms closes clients that have not sent at
+# once, one over a day holds a place for ever.
 MAX_CONNS = 1024
 MAX_BURST = 1_000_000
 RATE_RANGE = (0.001, 1_000_000.0)
