@@ -40,10 +40,10 @@ from pydantic import (
 )
 
 from app.config_file import ConfigError, read_toml
-
-__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 from domain.errors import shown
 from domain.request_options import FLOAT32_MAX, INT32_MAX, RANDOM_SEED, UINT32_MAX
+
+__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
 # Longest wait any `*_ms` key may ask for: 7 days. Far past any wait the brief gives (10 min),
 # and far inside what the waits accept: `threading` refuses a timeout past `threading.TIMEOUT_MAX`
@@ -69,8 +69,6 @@ MAX_ATTEMPTS = 100
 DEFAULT_DELAYS_MS = (2000, 8000, 30_000)
 # `sun_path` is 108 bytes on Linux, one of them the terminating NUL.
 SOCKET_PATH_BYTES = 107
-# A config file is a few hundred bytes; the cap keeps a wrong path (a log, an image) from being
-# read whole into memory.
 # The most problems one ConfigError names (then how many more there are).
 MAX_PROBLEMS = 10
 

@@ -20,6 +20,8 @@ from typing import Any
 
 __all__ = ["CONFIG_FILE_BYTES", "MAX_KEY_PARTS", "ConfigError", "read_toml"]
 
+# A config file is a few hundred bytes; the cap keeps a wrong path (a log, an image) from being
+# read whole into memory.
 CONFIG_FILE_BYTES = 1 << 20
 # The most dotted parts a key may have (`a.b.c` has three).
 MAX_KEY_PARTS = 32
@@ -114,5 +116,5 @@ _LONG_KEY = re.compile(
 def _check_key_parts(path: Path, text: str) -> None:
     found = _LONG_KEY.search(text)
     if found is not None:
-        line = text.count("\n", 0, found.start()) + 1 + (text[found.start()] == "\n")
+        line = text.count("\n", 0, found.start()) + 1  # the match starts on its key's line
         raise ConfigError(f"{path}: invalid TOML: line {line}: a key of more than {MAX_KEY_PARTS} dotted parts")

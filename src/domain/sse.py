@@ -21,8 +21,8 @@ Invariants:
   finished: later bytes are ignored without being parsed, so the result does not depend on what
   a server sends after its end marker.
 - Failure is sticky: once a feed has failed, every later call raises. Events completed earlier in
-  the same feed are returned first and the error is raised by the next call, so the events seen
-  before an error do not depend on how the bytes were split.
+  the same feed are returned first and the error is raised by the next call (`feed(b"")` asks at
+  once; `clean` is False meanwhile), so those events do not depend on how the bytes were split.
 - The common case (whole `data: ...\\n\\n` events, no CR) costs one `split` and a few slices per
   event; nothing loops per byte.
 """
