@@ -216,8 +216,10 @@ class TaskLink:
         self.poked = False
         self._unlink = token.on_cancel(self._on_cancel)
 
-    def enter(self) -> None:
-        self.task = asyncio.current_task()
+    def enter(self, task: asyncio.Task[object] | None = None) -> None:
+        """The call's waits begin, in `task` (looked up when not given: a loop that runs in
+        one task, as `run`'s does, looks it up once, not at every step)."""
+        self.task = task if task is not None else asyncio.current_task(self.loop)
         self.inside = True
 
     def leave(self) -> None:

@@ -203,10 +203,11 @@ class AsyncEventStream(_Facade):
         """Every event to `on_event`, then the completion: `chat`'s loop, with no loop object
         of its own on the way to each event. Left by an exception, it closes the call."""
         self._looping += 1
+        task = asyncio.current_task()  # a coroutine runs in one task: looked up once
         try:
             while True:
                 try:
-                    event = await self.__anext__()
+                    event = await self._next(task)
                 except StopAsyncIteration:
                     return self.completion
                 emit(on_event, event)
@@ -214,7 +215,11 @@ class AsyncEventStream(_Facade):
             self._looping -= 1
             await self._end()
 
-    async def __anext__(self) -> ChatEvent:
+    def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
+        return self._next(None)
+
+    async def _next(self, task: asyncio.Task[Any] | None) -> ChatEvent:
+        """The next event, in `task` (None: the one running, looked up)."""
         if self._over:
             self._raise_if_cut()
             raise StopAsyncIteration
@@ -225,7 +230,7 @@ class AsyncEventStream(_Facade):
         if self._token.cancelled:  # cancelled while the consumer ran its own code
             await self._end()
             raise self._token.error()
-        link.enter()
+        link.enter(task)
         try:
             step = await steps.__anext__()
         except asyncio.CancelledError as cancelled:
@@ -311,7 +316,7 @@ class _Loop:
         return self
 
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
-        return self._stream.__anext__()
+        return self._stream._next(None)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -4,7 +4,8 @@ step generator stands in for the call, and is handed the stream's own `CancelTok
 A stream runs its call only when iterated: closed before its first step it never starts it. The
 steps end with their `Completion`; steps that end without one are an error, not a clean end. On
 asyncio a cancel of the stream's token reaches a step waiting in an await the token knows nothing
-of (the task is cancelled while it waits inside the call, and that is taken back); a cancel of the
+of (the task is cancelled while it waits inside the call, and that is taken back), in whichever task
+waits now (the iteration may move from task to task; `run`'s loop looks its own up once); a cancel of the
 task by its owner stays the owner's, and a token's wake-up arriving after it cancels nothing more.
 """
 
@@ -136,3 +137,42 @@ async def test_a_token_firing_just_after_the_owner_cancelled_the_task_cancels_no
 
     assert await asyncio.wait_for(task, 2.0) == "went on"
     assert steps.closed
+
+
+class FirstThenDeaf(DeafSteps):
+    """One event, then `DeafSteps`' wait."""
+
+    async def __call__(self, token: CancelToken) -> AsyncGenerator[Step, None]:
+        yield Content("Hi")
+        async for step in super().__call__(token):
+            yield step
+
+
+async def _cancelled_in_its_new_task(stream: AsyncEventStream, steps: DeafSteps, waiter: asyncio.Task[object]) -> None:
+    await asyncio.sleep(0.01)
+    assert steps.token is not None and not waiter.done()
+    threading.Thread(target=steps.token.cancel).start()
+    await asyncio.wait({waiter}, timeout=2.0)
+    assert waiter.done(), "the cancel reached the task waiting now, not the one that took the first event"
+    assert type(waiter.exception()) is Cancelled
+    assert steps.closed
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_reaches_the_task_that_waits_when_the_iteration_moved_to_another_task() -> None:
+    steps = FirstThenDeaf()
+    stream = AsyncEventStream(steps)
+    assert await asyncio.create_task(anext(stream)) == Content("Hi")  # the first step, in a task now done
+
+    await _cancelled_in_its_new_task(stream, steps, asyncio.create_task(anext(stream)))
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_reaches_run_in_its_own_task_after_an_event_was_taken_in_another() -> None:
+    steps = FirstThenDeaf()
+    stream = AsyncEventStream(steps)
+    assert await asyncio.create_task(anext(stream)) == Content("Hi")
+    seen: list[object] = []
+
+    await _cancelled_in_its_new_task(stream, steps, asyncio.create_task(stream.run(seen.append)))
+    assert seen == []
