@@ -39,6 +39,7 @@ from ports.slot_probe import SlotState
 CHAT = ("POST", "/v1/chat/completions")
 CONTROL = ("POST", "/v1/chat/completions/control")
 SLOTS = ("GET", "/slots")
+STOP = ("DELETE", "/v1/stream")  # a generation stopped
 PROPS = ("GET", "/props")
 CID = CHUNK_ID
 REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"),))

@@ -206,10 +206,11 @@ class TaskLink:
     consumer's own awaits are never interrupted; `poked` says a cancellation is ours to take
     back."""
 
-    __slots__ = ("_unlink", "inside", "loop", "poked", "task", "token")
+    __slots__ = ("_idle", "_unlink", "inside", "loop", "poked", "task", "token")
 
-    def __init__(self, token: CancelToken) -> None:
+    def __init__(self, token: CancelToken, idle: Callable[[], None] | None = None) -> None:
         self.token = token
+        self._idle = idle  # run on the loop for a wake-up while the task is outside the call
         self.loop = asyncio.get_running_loop()
         self.task: asyncio.Task[object] | None = None
         self.inside = False
@@ -256,9 +257,12 @@ class TaskLink:
             self.loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        if self.inside and not self.poked and self.task is not None:
-            self.poked = True
-            self.task.cancel()
+        if self.inside:
+            if not self.poked and self.task is not None:
+                self.poked = True
+                self.task.cancel()
+        elif self._idle is not None:
+            self._idle()
 
 
 def _nothing() -> None:

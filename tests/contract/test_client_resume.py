@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, silence
-from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, Kind, chunk, recorded
+from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, STOP, Kind, chunk, recorded
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import Cancelled, StreamClosedEarly, ThinkingOverrun
@@ -30,7 +30,6 @@ from domain.events import ChatEvent, Content, Progress, Retrying
 pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("client_kind")]
 
 STREAM = ("GET", "/v1/stream")
-STOP = ("DELETE", "/v1/stream")
 WORDS = 120
 LONG = [
     chunk({"role": "assistant", "content": None}, n=0, progress=(42, 0, 42)),

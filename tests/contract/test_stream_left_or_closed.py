@@ -14,13 +14,12 @@ import pytest
 from adapters.fake_server import FakeServer, sse_reply
 from app.container import Container
 from app.event_stream import CLOSED_WHILE_READ
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, chunk, config_for, recorded
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
 from domain.errors import Cancelled
 from domain.events import ChatEvent, Content
 
 pytestmark = pytest.mark.timeout(20)
 
-STOP = ("DELETE", "/v1/stream")
 # Twenty words 50 ms apart: a second of streaming, ended early by every test.
 SLOW = sse_reply([chunk({"content": f" w{n}"}, n=n) for n in range(1, 21)], delay_s=0.05)
 

@@ -40,7 +40,7 @@ from adapters.fake_server import (
 from adapters.fake_server.script import RouteSpec, sse_event
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
-from client_support import CHAT, CONTROL, EXPECT, SLOTS, Kind, overridden
+from client_support import CHAT, CONTROL, EXPECT, SLOTS, STOP, Kind, overridden
 from client_support import chunk as stream_chunk
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
@@ -128,7 +128,6 @@ def rig_for(client_kind: Kind) -> Iterator[Callable[..., Rig]]:
 ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(finish="stop", n=2)]
 ANSWER_EVENTS: list[ChatEvent] = [Content("Hi"), Content("!")]
 COMPLETION = Completion(CID, "Hi!", None, (), FinishReason.STOP, Timings(3, 39, 2), 0, False)
-STOP = ("DELETE", "/v1/stream")
 REATTACH = ("GET", "/v1/stream")
 
 

@@ -1,0 +1,79 @@
+"""What the two flavours' event streams share (`app.event_stream` is where they are used from):
+the step type, the check and the call of a caller's `on_event`, and the facade's state (the
+call's token, its completion, and how a loop over a stream closed from elsewhere ends)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from domain.cancel import CancelToken
+from domain.completion import Completion
+from domain.errors import Cancelled, RequestError
+from domain.events import ChatEvent
+
+__all__ = ["CLOSED_WHILE_READ", "ONE_READER", "Facade", "Step", "check_sink", "emit"]
+
+Step = ChatEvent | Completion
+
+
+def check_sink(on_event: object) -> None:
+    """A call's `on_event` is called with every event: one that cannot be is a `RequestError`
+    before anything is sent."""
+    if not callable(on_event):
+        raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
+
+
+def emit(on_event: Callable[[ChatEvent], None], event: ChatEvent) -> None:
+    """Hand `event` to the caller's callback. A `StopIteration` it raises would read as the end
+    of the call's steps: it is an error of the callback's."""
+    try:
+        on_event(event)
+    except StopIteration as exc:
+        raise RuntimeError(f"on_event raised StopIteration on {type(event).__name__}") from exc
+
+
+# Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or
+# its own body): it never ends as if the answer had come whole.
+CLOSED_WHILE_READ = "the stream was closed while it was being read"
+# Said to a second loop that steps a stream while another thread or task is inside its step.
+ONE_READER = "the stream is being read by another thread or task: one loop reads a stream"
+
+
+class Facade:
+    """What both flavours' streams share: the call's token, its completion, and how a loop over a
+    stream closed from elsewhere ends."""
+
+    __slots__ = ("_completion", "_cut", "_looping", "_over", "_token")
+
+    def __init__(self) -> None:
+        self._token = CancelToken()
+        self._completion: Completion | None = None
+        self._over = False
+        self._looping = 0  # loops running over it
+        self._cut = False  # closed while a loop ran: that loop (and any later) raises
+
+    @property
+    def completion(self) -> Completion:
+        """The answer, once the loop has run to its end."""
+        if self._completion is None:
+            raise RuntimeError("the stream has no completion: iterate it to its end first")
+        return self._completion
+
+    def _closed_from_elsewhere(self, running: bool) -> bool:
+        """A close while the call runs in another thread or task (`running`): the call is
+        cancelled, which ends that read with `Cancelled`, and the reader ends the call (True).
+        Otherwise a loop that is running is marked cut, and the caller ends the call (False)."""
+        if running:
+            self._token.cancel(Cancelled(CLOSED_WHILE_READ))
+            return True
+        if self._looping and not self._over:
+            self._cut = True
+        return False
+
+    def _raise_if_cut(self) -> None:
+        """A loop over an ended stream meets its end; `Cancelled` if the stream was cut, or the
+        token's error if the call was cancelled (and so ended) before its completion."""
+        if self._completion is None and self._token.cancelled:
+            raise self._token.error()
+        if self._cut:
+            raise Cancelled(CLOSED_WHILE_READ)

@@ -1,0 +1,215 @@
+"""A stream whose consumer is in its own code, between two steps, when its call is cancelled (the
+caller's `CancelToken`, or the client's close), in both flavours: the call ends then, not at the
+next step: its generation stopped (`DELETE`), its connection closed and its slot given back,
+within 100 ms; the next step raises the token's error. And one loop reads a stream: a second
+thread or task stepping it while the first is inside a step is refused with a `RuntimeError`,
+and the first reads on to the completion."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from adapters.fake_server import End, FakeServer, sse_reply
+from app.container import Container
+from app.event_stream import ONE_READER
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
+from domain.cancel import CancelToken
+from domain.errors import Cancelled, ClientClosed
+from domain.events import ChatEvent, Content
+
+pytestmark = pytest.mark.timeout(20)
+
+WITHIN_S = 0.1
+# One word, then nothing (the server goes on generating as far as the client can tell).
+HELD = sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE)
+# Ten words 40 ms apart, then the final chunk.
+SLOW = sse_reply([*(chunk({"content": f" w{n}"}, n=n) for n in range(1, 11)), chunk(finish="stop", n=11)], delay_s=0.04)
+
+
+def ignore(event: ChatEvent) -> None:
+    return None
+
+
+def ended(server: FakeServer, gate_held: object) -> bool:
+    """The call is over on the server's side: stopped, its connection closed, its slot free."""
+    stops = recorded(server, STOP)
+    streams = recorded(server, CHAT)
+    return len(stops) == 1 and streams[0].client_closed.is_set() and not gate_held(0)  # type: ignore[operator]
+
+
+def until(condition: object, within_s: float) -> float:
+    started = time.monotonic()
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() - started < within_s, f"not within {within_s * 1000:.0f} ms"
+        time.sleep(0.002)
+    return time.monotonic() - started
+
+
+async def until_async(condition: object, within_s: float) -> float:
+    started = time.monotonic()
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() - started < within_s, f"not within {within_s * 1000:.0f} ms"
+        await asyncio.sleep(0.002)
+    return time.monotonic() - started
+
+
+# -- the blocking flavour ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("by", ["the caller's token, from another thread", "the caller's token, in its own thread"])
+def test_a_cancel_between_two_steps_ends_the_call_then(server: FakeServer, by: str) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    token = CancelToken()
+    with client.stream(REQ, cancel=token) as stream:
+        events = iter(stream)
+        assert next(events) == Content("Paris")
+        if by.endswith("another thread"):
+            threading.Thread(target=token.cancel).start()
+        else:
+            token.cancel()
+        until(lambda: ended(server, client._gate.held), WITHIN_S)
+        with pytest.raises(Cancelled):
+            next(events)
+    client.close()
+
+
+def test_close_between_two_steps_ends_the_call_before_it_returns(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    with client.stream(REQ) as stream:
+        events = iter(stream)
+        assert next(events) == Content("Paris")
+        started = time.monotonic()
+        closer = threading.Thread(target=client.close)
+        closer.start()
+        closer.join(1.0)
+        assert time.monotonic() - started < WITHIN_S
+        assert ended(server, client._gate.held)
+        with pytest.raises(ClientClosed):
+            next(events)
+
+
+def test_chat_whose_on_event_cancels_its_token_raises_cancelled(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    token = CancelToken()
+    with pytest.raises(Cancelled):
+        client.chat(REQ, lambda event: token.cancel(), cancel=token)
+    assert ended(server, client._gate.held)
+    client.close()
+
+
+def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW)
+    client = Container(config=config_for(server.socket_path)).client()
+    first = threading.Event()
+    seen: list[ChatEvent] = []
+    with client.stream(REQ) as stream:
+
+        def read() -> None:
+            for event in stream:
+                seen.append(event)
+                first.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(2.0)
+        time.sleep(0.01)  # the reader is inside its next step, waiting 40 ms for the next word
+        with pytest.raises(RuntimeError, match=ONE_READER):
+            next(iter(stream))
+        reader.join(2.0)
+        assert not reader.is_alive()
+    assert len(seen) == 10, "the first loop read on to the end"
+    assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
+    client.close()
+
+
+# -- asyncio ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("by", ["another thread", "the loop's own thread"])
+async def test_an_async_cancel_between_two_steps_ends_the_call_then(server: FakeServer, by: str) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    token = CancelToken()
+    async with client.stream(REQ, cancel=token) as stream:
+        assert await anext(stream) == Content("Paris")
+        if by == "another thread":
+            threading.Thread(target=token.cancel).start()
+        else:
+            token.cancel()
+        await until_async(lambda: ended(server, client._gate.held), WITHIN_S)  # the consumer awaits elsewhere
+        with pytest.raises(Cancelled):
+            await anext(stream)
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_aclose_between_two_steps_ends_the_call_before_it_returns(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    async with client.stream(REQ) as stream:
+        assert await anext(stream) == Content("Paris")
+        started = time.monotonic()
+        await client.aclose()
+        assert time.monotonic() - started < WITHIN_S
+        assert ended(server, client._gate.held)
+        with pytest.raises(ClientClosed):
+            await anext(stream)
+
+
+@pytest.mark.asyncio
+async def test_a_step_taken_while_the_end_runs_awaits_it_then_raises(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    token = CancelToken()
+    stream = client.stream(REQ, cancel=token)
+    assert await anext(stream) == Content("Paris")
+    token.cancel()
+    await asyncio.sleep(0)  # the end has begun in a task of its own
+    with pytest.raises(Cancelled):
+        await anext(stream)
+    assert ended(server, client._gate.held), "ended by the time the step raised"
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_async_chat_whose_on_event_cancels_its_token_raises_cancelled(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    token = CancelToken()
+    with pytest.raises(Cancelled):
+        await client.chat(REQ, lambda event: token.cancel(), cancel=token)
+    assert ended(server, client._gate.held)
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_second_task_stepping_a_stream_being_read_is_refused(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW, sse_reply(ANSWER))
+    client = Container(config=config_for(server.socket_path)).async_client()
+    first = asyncio.Event()
+    seen: list[ChatEvent] = []
+    async with client.stream(REQ) as stream:
+
+        async def read() -> None:
+            async for event in stream:
+                seen.append(event)
+                first.set()
+
+        reader = asyncio.ensure_future(read())
+        await first.wait()
+        await asyncio.sleep(0.01)  # the reader is inside its next step
+        with pytest.raises(RuntimeError, match=ONE_READER):
+            await anext(stream)
+        await asyncio.wait_for(reader, 2.0)
+    assert len(seen) == 10, "the first loop read on to the end"
+    assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
+    assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
+    await client.aclose()
