@@ -43,7 +43,7 @@ class EventStream(Facade):
     """`with client.stream(req) as s: for event in s: ...`, then `s.completion`. `close()` may
     come from any thread: a loop it cuts short raises `Cancelled`."""
 
-    __slots__ = ("_lock", "_stepping", "_steps")
+    __slots__ = ("_lock", "_reader", "_stepping", "_steps")
 
     def __init__(self, steps: Callable[[CancelToken], Generator[Step, None, None]]) -> None:
         super().__init__()
@@ -52,11 +52,8 @@ class EventStream(Facade):
         # call's generator runs in one of them at a time.
         self._lock = threading.Lock()
         self._stepping = False  # a step holds it
-        # The call's token fired (from any thread, or a signal handler): a call between two
-        # steps, its consumer in its own code, is ended there and then (its generation stopped,
-        # its connections closed, its slot given back), not at the next step, which raises the
-        # token's error. A step under way meets the cancel in its own waits.
-        self._token.on_cancel(self._end_unless_stepping)
+        self._reader: int | None = None  # the thread of the last step
+        self._token.on_cancel(self._on_cancel)
 
     def __enter__(self) -> EventStream:
         return self
@@ -102,7 +99,10 @@ class EventStream(Facade):
                 raise RuntimeError(ONE_READER)
             lock.acquire()  # the call is being ended from elsewhere: its end is awaited
         self._stepping = True
+        self._reader = threading.get_ident()
         try:
+            if self._token.cancelled and not self._over:  # in this thread, since the last step
+                self._end()
             if self._over:
                 self._raise_if_cut()
                 raise StopIteration
@@ -134,6 +134,16 @@ class EventStream(Facade):
                 self._end()
         finally:
             self._lock.release()
+
+    def _on_cancel(self) -> None:
+        """The call's token fired. From another thread, a call between two steps (its consumer
+        in its own code) is ended there and then: its generation stopped, its connections
+        closed, its slot given back; the next step raises the token's error. In the consumer's
+        own thread (its own code, or a signal handler on top of it, which may have cut into a
+        lock the end takes) the next step ends it. A step under way meets the cancel in its own
+        waits."""
+        if threading.get_ident() != self._reader:
+            self._end_unless_stepping()
 
     def _end_unless_stepping(self) -> None:
         """End the call unless a step runs (in another thread: its loop ends it, or reads on

@@ -1,7 +1,8 @@
 """A stream whose consumer is in its own code, between two steps, when its call is cancelled (the
 caller's `CancelToken`, or the client's close), in both flavours: the call ends then, not at the
 next step: its generation stopped (`DELETE`), its connection closed and its slot given back,
-within 100 ms; the next step raises the token's error. And one loop reads a stream: a second
+within 100 ms; the next step raises the token's error. (A cancel in the blocking consumer's own
+thread, its own code or a signal handler on top of it, is taken at the next step.) And one loop reads a stream: a second
 thread or task stepping it while the first is inside a step is refused with a `RuntimeError`,
 and the first reads on to the completion."""
 
@@ -60,21 +61,35 @@ async def until_async(condition: object, within_s: float) -> float:
 # -- the blocking flavour ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("by", ["the caller's token, from another thread", "the caller's token, in its own thread"])
-def test_a_cancel_between_two_steps_ends_the_call_then(server: FakeServer, by: str) -> None:
+def test_a_cancel_from_another_thread_between_two_steps_ends_the_call_then(server: FakeServer) -> None:
     server.route(*CHAT, HELD)
     client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
     token = CancelToken()
     with client.stream(REQ, cancel=token) as stream:
         events = iter(stream)
         assert next(events) == Content("Paris")
-        if by.endswith("another thread"):
-            threading.Thread(target=token.cancel).start()
-        else:
-            token.cancel()
+        threading.Thread(target=token.cancel).start()
         until(lambda: ended(server, client._gate.held), WITHIN_S)
         with pytest.raises(Cancelled):
             next(events)
+    client.close()
+
+
+def test_a_cancel_in_the_consumers_own_thread_ends_the_call_at_its_next_step(server: FakeServer) -> None:
+    # Its own code, or a signal handler on top of it that may have cut into a lock the end takes.
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    token = CancelToken()
+    with client.stream(REQ, cancel=token) as stream:
+        events = iter(stream)
+        assert next(events) == Content("Paris")
+        token.cancel()
+        assert recorded(server, STOP) == [], "not in the canceller's own frame"
+        started = time.monotonic()
+        with pytest.raises(Cancelled):
+            next(events)
+        assert time.monotonic() - started < WITHIN_S
+        assert ended(server, client._gate.held), "ended by the time the step raised"
     client.close()
 
 
