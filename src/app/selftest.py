@@ -49,6 +49,7 @@ from app.selftest_checks import (
     check_props,
     check_tool_call,
     describe_error,
+    one_line,
 )
 from domain.errors import ConnectError, LoadTimeout, StreamClosedEarly
 from domain.llama_api import Props
@@ -99,7 +100,7 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
                     how = "cuts its connections short" if cut else "is unreachable"
                     unreachable = f"the server {how} ({type(exc).__name__})"
         report.results.append(result)
-        emit(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {_one_line(result.detail)}")
+        emit(f"{'ok  ' if result.ok else 'FAIL'} {result.name}: {one_line(result.detail)}")
     report.seconds = time.monotonic() - started
     passed = sum(r.ok for r in report.results)
     emit(
@@ -107,10 +108,6 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
         f"{report.tokens} tokens"
     )
     return report
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.splitlines())
 
 
 def selftest_config(config: Config) -> Config:
@@ -143,7 +140,7 @@ def print_expect(client: Client) -> int:
     try:
         props = client.props()
     except Exception as exc:  # one line, never a traceback
-        _say_error(f"FAIL props: {_one_line(describe_error(exc))}")
+        _say_error(f"FAIL props: {one_line(describe_error(exc))}")
         return 1
     sys.stdout.write(expect_toml(props))
     sys.stdout.flush()
@@ -171,15 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.config}: the self-test needs an [expect] section (chat_template_sha256, n_ctx, total_slots)"
             )
     except ConfigError as exc:
-        say(f"FAIL config: {_one_line(str(exc))}")
+        say(f"FAIL config: {one_line(str(exc))}")
         return 2
     except Exception as exc:  # could not run: exit 2 with a FAIL line, not a traceback
-        say(f"FAIL config: {_one_line(describe_error(exc))}")
+        say(f"FAIL config: {one_line(describe_error(exc))}")
         return 2
     try:
         client = Container(config=selftest_config(config)).client()
     except Exception as exc:
-        say(f"FAIL setup: cannot build the client: {_one_line(describe_error(exc))}")
+        say(f"FAIL setup: cannot build the client: {one_line(describe_error(exc))}")
         return 2
     if args.print_expect:
         return print_expect(client)

@@ -48,6 +48,7 @@ TURN2_PROMPT = "Now name one colour of grass, in one short sentence."
 # a few out.
 OTHER_PROMPT = "Say yes."
 OTHER_MAX_TOKENS = 4
+ARGUMENTS_SHOWN = 120  # characters of a tool call's arguments on its `ok` line
 # What a cache loss after that request most likely means, and the flags that avoid it.
 UNIFIED_HINT = (
     "likely cause: the server empties idle slots whenever another slot starts a task, as it does "
@@ -175,17 +176,19 @@ def check_tool_call(target: Target) -> CheckResult:
     return CheckResult(
         "tool call",
         True,
-        f"{TOOL.name}({_one_line(calls[0].arguments)}) parsed, finish_reason tool_calls, {tokens} tokens",
+        f"{TOOL.name}({one_line(calls[0].arguments, ARGUMENTS_SHOWN)}) parsed, finish_reason tool_calls, "
+        f"{tokens} tokens",
         tokens,
     )
 
 
-def _one_line(text: str, most: int = 120) -> str:
-    """`text` as it is when it prints on one line, its control characters escaped otherwise, cut
-    to `most` characters: the server's words never split or flood a line of the report."""
+def one_line(text: str, most: int | None = None) -> str:
+    """`text` as it is when it prints on one line, its control characters escaped otherwise
+    (line breaks, a terminal's escape sequences, NUL), cut to `most` characters if given: the
+    server's words never split, forge or flood a line of the report."""
     if not text.isprintable():
         text = repr(text)[1:-1]
-    return text if len(text) <= most else text[:most] + "..."
+    return text if most is None or len(text) <= most else text[:most] + "..."
 
 
 def _prefill_hint(config: Config) -> str:

@@ -550,7 +550,17 @@ def test_a_bug_in_a_check_is_a_fail_line_naming_it_and_where_it_was_raised(
 def test_an_error_message_over_several_lines_stays_on_its_check_line(selftest_on: Callable[..., Outcome]) -> None:
     outcome = selftest_on(Server(props=ValueError("first line\nsecond line")))
 
-    assert outcome.lines[0].startswith("FAIL props: ValueError: first line second line (raised at ")
+    assert outcome.lines[0].startswith("FAIL props: ValueError: first line\\nsecond line (raised at ")
+    assert len(outcome.lines) == 4
+
+
+def test_a_fail_line_escapes_the_servers_control_characters(selftest_on: Callable[..., Outcome]) -> None:
+    # A terminal would erase the line and show a forged one, ring, and retitle itself.
+    forged = "boom\r\n\x1b[2K\rok   props: forged\x07\x00\x1b]0;title\x07"
+    outcome = selftest_on(Server(props=ValueError(forged)))
+
+    assert outcome.lines[0].startswith("FAIL props: ValueError: boom\\r\\n\\x1b[2K\\rok   props: forged\\x07\\x00")
+    assert all(line.isprintable() for line in outcome.lines)
     assert len(outcome.lines) == 4
 
 
