@@ -54,6 +54,7 @@ def client_limits(config: Config) -> ClientLimits:
             thinking_cap=lim.thinking_cap,
             thinking_overrun=lim.thinking_overrun,
             tool_calls=lim.tool_calls,
+            error_body_bytes=lim.error_body_bytes,
         ),
     )
 

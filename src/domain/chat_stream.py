@@ -43,7 +43,7 @@ from typing import Final, TypeAlias
 
 from domain.assembler import Assembler
 from domain.completion import Completion
-from domain.errors import InferError, ProtocolError
+from domain.errors import HttpError, InferError, ProtocolError
 from domain.events import ChatEvent, ThinkingCapped
 from domain.limits import StreamLimits
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
@@ -98,7 +98,7 @@ class ChatStream:
     `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
     progress report is the only bound."""
 
-    __slots__ = ("_assembler", "_cap", "_decoder", "_liveness", "_over", "_reasoning", "_stalled")
+    __slots__ = ("_assembler", "_cap", "_decoder", "_error_bytes", "_liveness", "_over", "_reasoning", "_stalled")
 
     def __init__(
         self,
@@ -119,6 +119,7 @@ class ChatStream:
         self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun, budget_sent=budget_sent)
         self._reasoning = False  # the last chunk that advanced was reasoning
         self._liveness = Liveness(limits.liveness_ms, now)
+        self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False
         self._stalled = False
 
@@ -159,6 +160,8 @@ class ChatStream:
             advanced = self._steps(data, out)
             if not self._decoder.clean and not self._over:
                 self._decoder.feed(b"")  # a failure held back behind the events handed out: now, not later
+        except HttpError as exc:  # one the server sent inside the stream
+            return self._end(out, exc.kept(self._error_bytes))
         except InferError as exc:
             return self._end(out, exc)
         if self._over:

@@ -101,17 +101,22 @@ class HttpError(InferError):
         self.status = status
         self.body = text
 
+    def kept(self, limit: int) -> HttpError:
+        """The same error, its body kept to `limit` bytes."""
+        return HttpError(self.status, self.body, limit)
+
 
 def stream_error(obj: object, body: str) -> HttpError:
     """The error a server sent inside a 200 stream: `{"error": {"code": N, ...}}`, or the older
     flat `{"code": N, ...}` of an `error:` field. The status is its code when that is an HTTP
-    status, else 500; `body` is kept as sent."""
+    status, else 500; `body` is kept whole (as sent, within the SSE line cap), for the stream to
+    keep what `error_body_bytes` says (`HttpError.kept`)."""
     code = None
     if isinstance(obj, dict):
         inner = obj.get("error")
         code = inner.get("code") if isinstance(inner, dict) else obj.get("code")
     status = code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 500
-    return HttpError(status, body)
+    return HttpError(status, body, 4 * len(body))  # every byte of its UTF-8
 
 
 class Cancelled(InferError):

@@ -30,6 +30,7 @@ class StreamLimits:
     thinking_cap: int
     thinking_overrun: int
     tool_calls: int
+    error_body_bytes: int  # what an error the server sends inside the stream keeps of its body
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,6 +179,22 @@ def test_an_error_body_that_drips_is_cut_at_the_liveness_limit(server: FakeServe
     assert 0 < len(caught.value.body) < len(body), "kept as far as it came"
 
 
+@pytest.mark.parametrize("kept", [100, 65536])
+@pytest.mark.parametrize("form", ["a data event", "an error field"])
+def test_an_error_inside_the_stream_keeps_what_error_body_bytes_says(
+    server: FakeServer, client_kind: Kind, kept: int, form: str
+) -> None:
+    error = '{"error":{"code":500,"message":"' + "m" * 6000 + '","type":"server_error"}}'
+    event = sse_event(error) if form == "a data event" else b"error: " + error.encode() + b"\n\n"
+    server.route(*CHAT, sse_reply([chunk(ROLE, n=0), chunk({"content": "Hi"}, n=1), event], done=False))
+
+    with pytest.raises(HttpError) as caught:
+        client_kind.client_for(server, error_body_bytes=kept).chat(REQ, lambda event: None)
+
+    assert caught.value.status == 500
+    assert caught.value.body == error[:kept]
+
+
 def test_a_json_answer_that_drips_is_stalled_at_the_liveness_limit(server: FakeServer, client_kind: Kind) -> None:
     body = b'{"chat_template":"' + b"x" * 100 + b'","total_slots":2,"default_generation_settings":{"n_ctx":4096}}'
     server.route(*PROPS, Reply(200, (("Content-Type", "application/json"),), drip(body, 0.03)))

@@ -67,6 +67,7 @@ def test_the_stream_limits_carry_the_tool_call_limit_to_the_assembler() -> None:
         thinking_cap=100,
         thinking_overrun=0,
         tool_calls=2,
+        error_body_bytes=4096,
     )
     stream = ChatStream(limits, max_tokens=100, now=0.0)
     body = b"".join(b"data: " + orjson.dumps(tool_delta(i)) + b"\n\n" for i in range(3))

@@ -19,6 +19,7 @@ def limits(thinking_cap: int = 100, thinking_overrun: int = 0) -> StreamLimits:
         answer_bytes=1 << 20,
         thinking_cap=thinking_cap,
         tool_calls=128,
+        error_body_bytes=4096,
         thinking_overrun=thinking_overrun,
     )
 

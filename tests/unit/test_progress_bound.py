@@ -20,7 +20,13 @@ from domain.errors import Stalled
 
 HUGE = 2**62
 LIMITS = StreamLimits(
-    liveness_ms=1000, sse_line_bytes=1 << 16, answer_bytes=1 << 20, thinking_cap=100, tool_calls=128, thinking_overrun=0
+    liveness_ms=1000,
+    sse_line_bytes=1 << 16,
+    answer_bytes=1 << 20,
+    thinking_cap=100,
+    tool_calls=128,
+    thinking_overrun=0,
+    error_body_bytes=4096,
 )
 
 

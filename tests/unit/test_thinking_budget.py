@@ -18,7 +18,13 @@ from domain.thinking import END_TAG_TOKENS, Action, ThinkingCap
 
 CAP = 10
 LIMITS = StreamLimits(
-    liveness_ms=1000, sse_line_bytes=1 << 16, answer_bytes=1 << 20, thinking_cap=CAP, tool_calls=128, thinking_overrun=4
+    liveness_ms=1000,
+    sse_line_bytes=1 << 16,
+    answer_bytes=1 << 20,
+    thinking_cap=CAP,
+    tool_calls=128,
+    thinking_overrun=4,
+    error_body_bytes=4096,
 )
 
 
