@@ -41,6 +41,7 @@ from pydantic import (
 
 from app.config_file import ConfigError, read_toml
 from domain.errors import shown
+from domain.llama_api import with_model
 from domain.request_options import FLOAT32_MAX, INT32_MAX, RANDOM_SEED, UINT32_MAX
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
@@ -69,6 +70,10 @@ MAX_ATTEMPTS = 100
 DEFAULT_DELAYS_MS = (2000, 8000, 30_000)
 # `sun_path` is 108 bytes on Linux, one of them the terminating NUL.
 SOCKET_PATH_BYTES = 107
+# llama-server refuses a request target longer than this (cpp-httplib's request URI limit); the
+# model, percent-encoded in every GET's `?model=`, gets a quarter of it.
+SERVER_TARGET_BYTES = 8192
+MODEL_QUERY_BYTES = SERVER_TARGET_BYTES // 4
 # The most problems one ConfigError names (then how many more there are).
 MAX_PROBLEMS = 10
 
@@ -113,11 +118,22 @@ def _fits_c_float(value: float) -> float:
 
 def _no_control(text: str) -> str:
     # The model id is percent-encoded in `?model=` and escaped in JSON, so it would arrive intact,
-    # but no model is named with control characters: one here is a typo that routes nowhere.
+    # but no model is named with control characters: one here is a typo that routes nowhere. A
+    # socket path with one would split the log lines and errors that name it.
     for index, char in enumerate(text):
         if unicodedata.category(char) == "Cc":
             raise ValueError(f"contains a control character ({_char_at(text, index)})")
     return text
+
+
+def _fits_a_target(model: str) -> str:
+    size = len(with_model("", model)) - len("?model=")
+    if size > MODEL_QUERY_BYTES:
+        raise ValueError(
+            f"is {size} bytes percent-encoded in a GET's ?model=, more than the {MODEL_QUERY_BYTES} a "
+            f"request line leaves it (llama-server refuses a target past {SERVER_TARGET_BYTES} bytes)"
+        )
+    return model
 
 
 Ms = Annotated[StrictInt, Field(gt=0, le=MAX_MS)]
@@ -219,8 +235,14 @@ class SelfTest(_Section):
 
 
 class Config(_Section):
-    socket: Annotated[StrictStr, Field(min_length=1), AfterValidator(_no_nul), AfterValidator(_socket_path)]
-    model: Annotated[Text, Field(min_length=1), AfterValidator(_no_control)] = "default"
+    socket: Annotated[
+        StrictStr,
+        Field(min_length=1),
+        AfterValidator(_no_nul),
+        AfterValidator(_no_control),
+        AfterValidator(_socket_path),
+    ]
+    model: Annotated[Text, Field(min_length=1), AfterValidator(_no_control), AfterValidator(_fits_a_target)] = "default"
     limits: Limits = Limits()
     retry: Retry = Retry()
     sampling: Sampling = Sampling()

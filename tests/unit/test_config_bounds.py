@@ -251,6 +251,24 @@ def test_a_model_id_may_hold_any_printable_text() -> None:
     assert parse_config({"socket": "s", "model": model}).model == model
 
 
+def test_a_model_id_fits_the_request_target_llama_server_accepts_percent_encoded() -> None:
+    # Every GET carries it as ?model=; llama-server refuses a target past 8,192 bytes.
+    assert parse_config({"socket": "s", "model": "m" * 2048}).model == "m" * 2048
+    message = refusal({"socket": "s", "model": "m" * 2049})
+    assert "model: is 2049 bytes percent-encoded in a GET's ?model=, more than the 2048" in message
+    # "é" is two bytes of UTF-8, six percent-encoded: 341 fit (2,046 bytes), 342 do not.
+    assert parse_config({"socket": "s", "model": "é" * 341}).model == "é" * 341
+    assert "model: is 2052 bytes percent-encoded" in refusal({"socket": "s", "model": "é" * 342})
+
+
+@pytest.mark.parametrize(
+    ("path", "at"), [("/tmp/\n.sock", "U+000A at character 5"), ("/tmp/a\x1b.sock", "U+001B at character 6")]
+)
+def test_a_socket_path_with_a_control_character_is_refused(path: str, at: str) -> None:
+    # It would split the log lines and the errors that name it.
+    assert f"socket: contains a control character ({at})" in refusal({"socket": path})
+
+
 def test_a_nul_in_the_tool_prefill_is_refused_but_newlines_are_text() -> None:
     message = refusal(with_section("selftest", tool_prefill='<tool_call>\x00{"name"'))
     assert "selftest.tool_prefill: contains a NUL character (at character 11)" in message
