@@ -151,11 +151,13 @@ class Assembler:
             raise stream_error(chunk, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
         cid = chunk.get("id")
         if cid != self.completion_id and cid is not None:
+            if type(cid) is not str:  # never compared, it would let another generation in
+                raise ProtocolError(f"chunk {self._chunks} has id {shown(cid)}, not a string")
             if self.completion_id is not None:  # a replay of another generation, spliced in
                 raise ProtocolError(
                     f"chunk {self._chunks} has id {shown(cid)}, not the stream's {self.completion_id!r}"
                 )
-            if type(cid) is str and cid:
+            if cid:
                 self.completion_id = cid
         timings = chunk.get("timings")
         predicted = None
