@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from adapters.fake_server import CHUNK_ID, ROLE, AsyncFakeClock, FakeClock, FakeServer, RecordedRequest, chunk
@@ -33,6 +33,7 @@ from async_bridge import AsyncBridge, run
 from domain.bodies import FetchLimits
 from domain.completion import Completion, FinishReason, Timings
 from domain.events import ChatEvent, Content, Progress
+from domain.limits import StreamLimits
 from domain.messages import ChatRequest, UserMessage
 from ports.slot_probe import SlotState
 
@@ -147,3 +148,20 @@ ANSWER_COMPLETION = Completion(
     reasoning_tokens=0,
     thinking_capped=False,
 )
+
+
+# The limits the unit tests run a `ChatStream` under.
+STREAM_LIMITS = StreamLimits(
+    liveness_ms=1000,
+    sse_line_bytes=1 << 16,
+    answer_bytes=1 << 20,
+    thinking_cap=100,
+    thinking_overrun=0,
+    tool_calls=128,
+    error_body_bytes=4096,
+)
+
+
+def stream_limits(**changes: int) -> StreamLimits:
+    """`STREAM_LIMITS` with `changes`."""
+    return replace(STREAM_LIMITS, **changes)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from adapters.fake_server import End, FakeServer, sse_reply
+from app.client import Client
 from app.container import Container
 from app.event_stream import ONE_READER
 from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
@@ -36,10 +38,10 @@ def ignore(event: ChatEvent) -> None:
 
 
 def ended(server: FakeServer, gate_held: object) -> bool:
-    """The call is over on the server's side: stopped, its connection closed, its slot free."""
-    stops = recorded(server, STOP)
-    streams = recorded(server, CHAT)
-    return len(stops) == 1 and streams[0].client_closed.is_set() and not gate_held(0)  # type: ignore[operator]
+    """The call is over: its generation stopped, its slot free, and (the server's thread sees it
+    a moment later) its connection closed."""
+    stopped = len(recorded(server, STOP)) == 1 and not gate_held(0)  # type: ignore[operator]
+    return stopped and recorded(server, CHAT)[0].client_closed.wait(WITHIN_S)
 
 
 def until(condition: object, within_s: float) -> float:
@@ -61,35 +63,36 @@ async def until_async(condition: object, within_s: float) -> float:
 # -- the blocking flavour ---------------------------------------------------------------------------
 
 
-def test_a_cancel_from_another_thread_between_two_steps_ends_the_call_then(server: FakeServer) -> None:
+def held_after_one_event(server: FakeServer, token: CancelToken) -> tuple[Client, Iterator[ChatEvent]]:
+    """A client, and the events of its stream under `token`, the first taken: the server then silent."""
     server.route(*CHAT, HELD)
     client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    events = iter(client.stream(REQ, cancel=token))
+    assert next(events) == Content("Paris")
+    return client, events
+
+
+def test_a_cancel_from_another_thread_between_two_steps_ends_the_call_then(server: FakeServer) -> None:
     token = CancelToken()
-    with client.stream(REQ, cancel=token) as stream:
-        events = iter(stream)
-        assert next(events) == Content("Paris")
-        threading.Thread(target=token.cancel).start()
-        until(lambda: ended(server, client._gate.held), WITHIN_S)
-        with pytest.raises(Cancelled):
-            next(events)
+    client, events = held_after_one_event(server, token)
+    threading.Thread(target=token.cancel).start()
+    until(lambda: ended(server, client._gate.held), WITHIN_S)
+    with pytest.raises(Cancelled):
+        next(events)
     client.close()
 
 
 def test_a_cancel_in_the_consumers_own_thread_ends_the_call_at_its_next_step(server: FakeServer) -> None:
     # Its own code, or a signal handler on top of it that may have cut into a lock the end takes.
-    server.route(*CHAT, HELD)
-    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
     token = CancelToken()
-    with client.stream(REQ, cancel=token) as stream:
-        events = iter(stream)
-        assert next(events) == Content("Paris")
-        token.cancel()
-        assert recorded(server, STOP) == [], "not in the canceller's own frame"
-        started = time.monotonic()
-        with pytest.raises(Cancelled):
-            next(events)
-        assert time.monotonic() - started < WITHIN_S
-        assert ended(server, client._gate.held), "ended by the time the step raised"
+    client, events = held_after_one_event(server, token)
+    token.cancel()
+    assert recorded(server, STOP) == [], "not in the canceller's own frame"
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        next(events)
+    assert time.monotonic() - started < WITHIN_S
+    assert ended(server, client._gate.held), "ended by the time the step raised"
     client.close()
 
 
@@ -134,7 +137,7 @@ def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeSer
         reader = threading.Thread(target=read)
         reader.start()
         assert first.wait(2.0)
-        time.sleep(0.01)  # the reader is inside its next step, waiting 40 ms for the next word
+        until(lambda: stream._stepping, 1.0)  # the reader is inside its next step, waiting for the next word
         with pytest.raises(RuntimeError, match=ONE_READER):
             next(iter(stream))
         reader.join(2.0)
@@ -220,7 +223,7 @@ async def test_a_second_task_stepping_a_stream_being_read_is_refused(server: Fak
 
         reader = asyncio.ensure_future(read())
         await first.wait()
-        await asyncio.sleep(0.01)  # the reader is inside its next step
+        await until_async(lambda: stream._steps.ag_running, 1.0)  # type: ignore[union-attr]  # the reader's next step
         with pytest.raises(RuntimeError, match=ONE_READER):
             await anext(stream)
         await asyncio.wait_for(reader, 2.0)

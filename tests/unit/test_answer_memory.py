@@ -13,8 +13,9 @@ import pytest
 
 from app.config import MAX_TOOL_CALLS, ConfigError, Limits, parse_config
 from app.container import client_limits
+from client_support import stream_limits
 from domain.assembler import Assembler
-from domain.chat_stream import ChatStream, StreamLimits
+from domain.chat_stream import ChatStream
 from domain.completion import Completion
 from domain.errors import ProtocolError
 from domain.messages import ToolCall
@@ -60,15 +61,7 @@ def test_a_flood_of_empty_deltas_with_new_indexes_ends_at_the_limit() -> None:
 
 
 def test_the_stream_limits_carry_the_tool_call_limit_to_the_assembler() -> None:
-    limits = StreamLimits(
-        liveness_ms=1000,
-        sse_line_bytes=1 << 16,
-        answer_bytes=1 << 20,
-        thinking_cap=100,
-        thinking_overrun=0,
-        tool_calls=2,
-        error_body_bytes=4096,
-    )
+    limits = stream_limits(tool_calls=2)
     stream = ChatStream(limits, max_tokens=100, now=0.0)
     body = b"".join(b"data: " + orjson.dumps(tool_delta(i)) + b"\n\n" for i in range(3))
     steps = stream.feed(body, now=0.1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from client_support import stream_limits
 from domain.chat_stream import ChatStream, PostReasoningEnd, StreamLimits
 from domain.errors import ProtocolError, Stalled, StreamClosedEarly, ThinkingOverrun
 from domain.events import Reasoning, ThinkingCapped
@@ -13,15 +14,7 @@ OVER = "^the stream is over: no more bytes are taken$"
 
 
 def limits(thinking_cap: int = 100, thinking_overrun: int = 0) -> StreamLimits:
-    return StreamLimits(
-        liveness_ms=1000,
-        sse_line_bytes=1 << 16,
-        answer_bytes=1 << 20,
-        thinking_cap=thinking_cap,
-        tool_calls=128,
-        error_body_bytes=4096,
-        thinking_overrun=thinking_overrun,
-    )
+    return stream_limits(thinking_cap=thinking_cap, thinking_overrun=thinking_overrun)
 
 
 def reasoning(*texts: str, cid: str | None = "chatcmpl-1") -> bytes:

@@ -8,26 +8,18 @@ from typing import Any
 import orjson
 import pytest
 
+from client_support import stream_limits
 from domain.assembler import Assembler
 from domain.chat_stream import (
     PROMPT_TEMPLATE_TOKENS,
     PROMPT_TOKENS_PER_BODY_BYTE,
     ChatStream,
-    StreamLimits,
     prompt_token_bound,
 )
 from domain.errors import Stalled
 
 HUGE = 2**62
-LIMITS = StreamLimits(
-    liveness_ms=1000,
-    sse_line_bytes=1 << 16,
-    answer_bytes=1 << 20,
-    thinking_cap=100,
-    tool_calls=128,
-    thinking_overrun=0,
-    error_body_bytes=4096,
-)
+LIMITS = stream_limits()
 
 
 def progress(total: int, processed: int) -> dict[str, Any]:

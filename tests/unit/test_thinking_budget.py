@@ -10,22 +10,15 @@ import json
 import orjson
 
 from adapters.fake_server import chunk
-from domain.chat_stream import ChatStream, PostReasoningEnd, StreamLimits
+from client_support import stream_limits
+from domain.chat_stream import ChatStream, PostReasoningEnd
 from domain.events import Content, Reasoning, ThinkingCapped
 from domain.messages import ChatRequest, UserMessage
 from domain.request import RequestSettings, build_chat_body
 from domain.thinking import END_TAG_TOKENS, Action, ThinkingCap
 
 CAP = 10
-LIMITS = StreamLimits(
-    liveness_ms=1000,
-    sse_line_bytes=1 << 16,
-    answer_bytes=1 << 20,
-    thinking_cap=CAP,
-    tool_calls=128,
-    thinking_overrun=4,
-    error_body_bytes=4096,
-)
+LIMITS = stream_limits(thinking_cap=CAP, thinking_overrun=4)
 
 
 def sse(*chunks: dict[str, object]) -> bytes:
