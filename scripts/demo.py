@@ -4,7 +4,7 @@ Starts two real llama-servers (the small model under the Qwen3 template, which c
 call, and under the Qwen3.5 template, which thinks), an `inferproxy` in front of each on a
 temporary Unix socket, runs the self-test through the first, then streams one answer through the
 second with a live display: prompt progress as a bar, the thinking block (capped at
-`THINKING_CAP` tokens, so the client's control call ends it on screen), then the answer under its
+`THINKING_CAP` tokens: the server's thinking budget ends it on screen), then the answer under its
 own heading as it arrives, any tool call, and at the end the timings and the cache outcome against
 the turn before. Everything stops on exit or Ctrl-C; no process or socket is left behind.
 """
@@ -49,7 +49,8 @@ SYSTEM = (
 TURN1 = "Hello! I am going to ask you about lighthouses."
 QUESTION = "What does a lighthouse keeper do during a storm? Answer in three sentences."
 # Left alone, the small model thinks for about 40 tokens and often stops without answering; a cap
-# well below that makes the client post `reasoning_end`, and the model then answers.
+# well below that, sent as the request's thinking budget, ends the block there, and the model then
+# answers (the `reasoning_end` control call is the fallback for a server that ignores the budget).
 THINKING_CAP = 24
 ANSWER_MAX_TOKENS = 256
 
@@ -87,7 +88,7 @@ class Display:
                 print(f"{CYAN}{event.name}{RESET} ", end="")
             print(event.arguments, end="", flush=True)
         elif isinstance(event, ThinkingCapped):
-            print(f"\n{BOLD}[thinking capped after {event.tokens} tokens: reasoning_end posted]{RESET}", flush=True)
+            print(f"\n{BOLD}[thinking capped after {event.tokens} tokens]{RESET}", flush=True)
         elif isinstance(event, Waiting):
             print(f"[waiting: slot {'busy' if event.slot_busy else 'not answering yet'}]", flush=True)
         elif isinstance(event, Queued):

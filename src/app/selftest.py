@@ -33,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -134,17 +135,30 @@ def expect_toml(props: Props) -> str:
     )
 
 
-def print_expect(client: Client) -> int:
+def print_expect(client: Client, config_path: str | None = None) -> int:
     """Print `expect_toml` of the live server on stdout (exit 0); a failure is one `FAIL` line on
-    stderr (exit 1), so that stdout can be appended to a config file as it is."""
+    stderr (exit 1), so that stdout can be appended to a config file as it is: after a line break
+    first if the file at `config_path` does not end with one (the block would join its last line)."""
     try:
         props = client.props()
     except Exception as exc:  # one line, never a traceback
         _say_error(f"FAIL props: {one_line(describe_error(exc))}")
         return 1
-    sys.stdout.write(expect_toml(props))
+    sys.stdout.write(("\n" if config_path is not None and _ends_mid_line(config_path) else "") + expect_toml(props))
     sys.stdout.flush()
     return 0
+
+
+def _ends_mid_line(path: str) -> bool:
+    """Whether the file's last byte is there and is not a line break."""
+    try:
+        with open(path, "rb") as handle:
+            if handle.seek(0, os.SEEK_END) == 0:
+                return False
+            handle.seek(-1, os.SEEK_END)
+            return handle.read(1) != b"\n"
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"FAIL setup: cannot build the client: {one_line(describe_error(exc))}")
         return 2
     if args.print_expect:
-        return print_expect(client)
+        return print_expect(client, args.config)
     report = run(config, client, _say)
     return 0 if report.ok else 1
 

@@ -52,7 +52,8 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class ThinkingCapped:
-    """The client asked the server to end reasoning after `tokens` reasoning tokens."""
+    """Reasoning was capped after `tokens` reasoning tokens: the server's thinking budget ended
+    it there, or the client's `reasoning_end` call did (the fallback, counted when it was made)."""
 
     tokens: int
 

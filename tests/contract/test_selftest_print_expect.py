@@ -44,6 +44,23 @@ def test_print_expect_prints_the_expect_block_of_the_live_server_and_exits_0(
     assert out == f'[expect]\nchat_template_sha256 = "{TEMPLATE_SHA}"\nn_ctx = 4096\ntotal_slots = 2\n'
 
 
+@pytest.mark.parametrize("ending", ["", "\n"])
+def test_the_block_appended_to_a_config_with_or_without_a_last_line_break_loads(
+    server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str], ending: str
+) -> None:
+    server.route(*PROPS, json_reply(PROPS_ANSWER))
+    path = tmp_path / "config.toml"
+    path.write_text(f'socket = "{server.socket_path}"{ending}', newline="")
+    assert selftest.main(["--print-expect", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("\n[expect]\n") == (ending == "")
+    with path.open("a") as handle:
+        handle.write(out)
+
+    config = parse_config(tomllib.loads(path.read_text()))
+    assert config.expect is not None and config.expect.total_slots == 2
+
+
 def test_the_printed_block_appended_to_the_config_passes_the_props_check(
     server: FakeServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

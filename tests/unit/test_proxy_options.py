@@ -177,3 +177,8 @@ def test_the_help_names_version_and_every_exit_status(capsys: pytest.CaptureFixt
     text = " ".join(capsys.readouterr().out.split())
     assert "--version" in text
     assert "Exit status: 0 after SIGTERM, SIGHUP or SIGINT; 2 for unusable arguments; 1 when the socket file" in text
+
+
+@pytest.mark.parametrize(("most", "said"), [(1, "at most 1 connection, "), (8, "at most 8 connections, ")])
+def test_the_start_line_counts_connections_in_words(most: int, said: str) -> None:
+    assert str(ProxyLimits(max_conns=most)).startswith(said)

@@ -50,7 +50,8 @@ class ProxyLimits:
 
     def __str__(self) -> str:
         return (
-            f"at most {self.max_conns} connections, accept burst {self.burst}, refill {self.rate:g}/s,"
+            f"at most {self.max_conns} connection{'' if self.max_conns == 1 else 's'}, accept burst {self.burst},"
+            f" refill {self.rate:g}/s,"
             f" first byte within {self.first_byte_timeout:g} s"
         )
 
