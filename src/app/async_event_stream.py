@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from app.calls import TaskLink
-from app.stream_facade import ONE_READER, Facade, Step, emit
+from app.stream_facade import Facade, OneReader, Step, emit, weakly
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.events import ChatEvent
@@ -52,6 +52,8 @@ class AsyncEventStream(Facade):
     async def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
         """Every event to `on_event`, then the completion: `chat`'s loop, with no loop object
         of its own on the way to each event. Left by an exception, it closes the call."""
+        if self._looping:
+            raise OneReader()
         self._looping += 1
         task = asyncio.current_task()  # a coroutine runs in one task: looked up once
         try:
@@ -78,9 +80,9 @@ class AsyncEventStream(Facade):
         steps, link = self._steps, self._link
         if steps is None or link is None:
             steps = self._steps = self._make(self._token)
-            link = self._link = TaskLink(self._token, idle=self._end_idle)
+            link = self._link = TaskLink(self._token, idle=weakly(self._end_idle))
         elif _stepping(steps):
-            raise RuntimeError(ONE_READER)
+            raise OneReader()
         if self._token.cancelled:  # cancelled while the consumer ran its own code
             await self._end()
             raise self._token.error()
@@ -106,13 +108,23 @@ class AsyncEventStream(Facade):
         return step
 
     async def aclose(self) -> None:
-        """End the call now if it has not ended (idempotent); from another task while a loop
-        waits inside the call, by cancelling it (that loop raises `Cancelled`)."""
+        """End the call now if it has not ended (idempotent), in a task of its own that every
+        later step and close awaits; from another task while a loop waits inside the call, by
+        cancelling it (that loop raises `Cancelled`)."""
         if self._closer is not None:
             await asyncio.shield(self._closer)
             return
-        if not self._over and not self._closed_from_elsewhere(_stepping(self._steps)):
+        link = self._link
+        elsewhere = link is not None and link.task is not None and link.task is not asyncio.current_task()
+        if self._over or self._closed_from_elsewhere(_stepping(self._steps), elsewhere):
+            return
+        if link is None or _running_loop() is not link.loop:  # never started, or another loop's call
             await self._end()
+            return
+        self._over = True
+        self._close_later()
+        if self._closer is not None:
+            await asyncio.shield(self._closer)
 
     async def _end(self) -> None:
         closer = self._closer
@@ -179,18 +191,24 @@ class _Loop:
     handed out as it is (no coroutine of its own on the way to each event). Dropped before the
     stream ended (a `break`, an exception), it ends the call, as the blocking flavour's loop does."""
 
-    __slots__ = ("_stream",)
+    __slots__ = ("_refused", "_stream")
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
-        stream._looping += 1
+        self._refused = stream._looping > 0  # a second loop: it touches nothing
+        if not self._refused:
+            stream._looping += 1
 
     def __aiter__(self) -> _Loop:
         return self
 
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
+        if self._refused:
+            raise OneReader()
         return self._stream._next(None)
 
     def __del__(self) -> None:
+        if self._refused:
+            return
         with contextlib.suppress(Exception):
             self._stream._left()  # at the stream's end, it only counts the loop out

@@ -11,15 +11,20 @@ while the task waits inside the call. Both:
   block): its connection is closed, its generation stopped and its slot given back; at once in the
   blocking flavour, on the loop's next turn for an asyncio loop left early (which nothing can
   await; `aclose()` and the `async with` wait for it), and the stream yields nothing more;
-- end a loop that another thread or task closes the stream under (or its own body does) with
-  `Cancelled` (`CLOSED_WHILE_READ`): a loop never ends as if the answer had come whole;
+- end a loop that another thread or task closes the stream under (or its own body does), and a
+  step after such a close, with `Cancelled` (`CLOSED_WHILE_READ`): never as if the answer had
+  come whole;
 - raise the call's `InferError` from the loop; a cancel of the call's token (the caller's
   `CancelToken`, the client's close) that comes while the consumer runs its own code ends the
   call then (its generation stopped, its connections closed, its slot given back: in the
-  canceller's thread here, in a task of its own on the call's loop on asyncio), and the next step
-  raises the token's `Cancelled` (or `ClientClosed`);
-- are read by one loop: a second thread or task stepping the stream while another is inside a
-  step is a `RuntimeError` (`ONE_READER`), and the first reads on.
+  canceller's thread here, unless that is the consumer's or the main one, where a signal handler
+  may have cut into a lock the end takes, and the next step ends it; in a task of its own on the
+  call's loop on asyncio, which a close or a step meanwhile awaits), and the next step raises
+  the token's `Cancelled` (or `ClientClosed`);
+- are read by one loop: a second loop, or a step while another thread or task is inside one, is
+  refused (`OneReader`, a `RuntimeError`), touches nothing, and the first reads on;
+- are never kept alive by their call's token (its wake-ups hold them weakly): one dropped
+  unclosed is collected, and its call's generator, finalised, ends the call.
 
 The asyncio flavour is `app.async_event_stream`'s; what both share, `app.stream_facade`'s.
 """
@@ -31,29 +36,45 @@ from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 
 from app.async_event_stream import AsyncEventStream
-from app.stream_facade import CLOSED_WHILE_READ, ONE_READER, Facade, Step, check_sink, emit
+from app.stream_facade import CLOSED_WHILE_READ, ONE_READER, Facade, OneReader, Step, check_sink, emit, weakly
 from domain.cancel import CancelToken
 from domain.completion import Completion
+from domain.errors import Cancelled
 from domain.events import ChatEvent
 
-__all__ = ["CLOSED_WHILE_READ", "ONE_READER", "AsyncEventStream", "EventStream", "Step", "check_sink", "emit"]
+__all__ = [
+    "CLOSED_WHILE_READ",
+    "ONE_READER",
+    "AsyncEventStream",
+    "EventStream",
+    "OneReader",
+    "Step",
+    "check_sink",
+    "emit",
+]
+
+
+# What runs a blocking stream's generator, if anything (`EventStream._busy`).
+_IDLE, _STEP, _END = 0, 1, 2
 
 
 class EventStream(Facade):
     """`with client.stream(req) as s: for event in s: ...`, then `s.completion`. `close()` may
     come from any thread: a loop it cuts short raises `Cancelled`."""
 
-    __slots__ = ("_lock", "_reader", "_stepping", "_steps")
+    __slots__ = ("_busy", "_changed", "_guard", "_reader", "_steps", "_waiting")
 
     def __init__(self, steps: Callable[[CancelToken], Generator[Step, None, None]]) -> None:
         super().__init__()
         self._steps = steps(self._token)
-        # Held by a step, and by an end that comes from elsewhere (a cancel, `close()`): the
-        # call's generator runs in one of them at a time.
-        self._lock = threading.Lock()
-        self._stepping = False  # a step holds it
+        # The generator runs in a step (`_STEP`) or in an end from elsewhere (`_END`), one at a
+        # time: `_busy` says which, under `_guard`; `_changed` wakes those waiting for an end.
+        self._guard = threading.Lock()
+        self._changed = threading.Condition(self._guard)
+        self._busy = _IDLE
+        self._waiting = 0  # threads waiting on `_changed`
         self._reader: int | None = None  # the thread of the last step
-        self._token.on_cancel(self._on_cancel)
+        self._token.on_cancel(weakly(self._on_cancel))
 
     def __enter__(self) -> EventStream:
         return self
@@ -65,40 +86,54 @@ class EventStream(Facade):
 
     def __iter__(self) -> Iterator[ChatEvent]:
         """The events; leaving the loop early (`break`) closes the call at once."""
+        if self._looping:
+            raise OneReader()
         self._looping += 1
+        refused = False
         try:
             while True:
                 try:
                     event = self.__next__()
                 except StopIteration:
                     return
+                except OneReader:
+                    refused = True
+                    raise
                 yield event
         finally:
             self._looping -= 1
-            self._end_unless_stepping()
+            if not refused:
+                self._end_here()
 
     def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
         """Every event to `on_event`, then the completion: `chat`'s loop, with no generator of
         its own on the way to each event. Left by an exception, it closes the call at once."""
+        if self._looping:
+            raise OneReader()
         self._looping += 1
+        refused = False
         try:
             while True:
                 try:
                     event = self.__next__()
                 except StopIteration:
                     return self.completion
+                except OneReader:
+                    refused = True
+                    raise
                 emit(on_event, event)
         finally:
             self._looping -= 1
-            self._end_unless_stepping()
+            if not refused:
+                self._end_here()
 
     def __next__(self) -> ChatEvent:
-        lock = self._lock
-        if not lock.acquire(blocking=False):
-            if self._stepping:
-                raise RuntimeError(ONE_READER)
-            lock.acquire()  # the call is being ended from elsewhere: its end is awaited
-        self._stepping = True
+        with self._guard:
+            if self._busy == _STEP:
+                raise OneReader()
+            if self._busy == _END:  # the call is being ended from elsewhere: its end is awaited
+                self._await_end()
+            self._busy = _STEP
         self._reader = threading.get_ident()
         try:
             if self._token.cancelled and not self._over:  # in this thread, since the last step
@@ -120,40 +155,63 @@ class EventStream(Facade):
                 raise StopIteration
             return step
         finally:
-            self._stepping = False
-            lock.release()
+            self._done()
 
     def close(self) -> None:
-        """End the call now if it has not ended (idempotent); from another thread while the
-        loop waits inside the call, by cancelling it (the loop raises `Cancelled`)."""
-        if not self._lock.acquire(blocking=False):  # a step runs in another thread
-            self._closed_from_elsewhere(True)
-            return
-        try:
-            if not self._closed_from_elsewhere(False):
-                self._end()
-        finally:
-            self._lock.release()
+        """End the call now if it has not ended (idempotent), an end under way elsewhere
+        awaited; from another thread while a loop waits inside the call, by cancelling it (the
+        loop raises `Cancelled`)."""
+        elsewhere = self._reader is not None and self._reader != threading.get_ident()
+        self._closed_from_elsewhere(False, elsewhere)
+        self._end_here(cut=Cancelled(CLOSED_WHILE_READ))
 
     def _on_cancel(self) -> None:
-        """The call's token fired. From another thread, a call between two steps (its consumer
-        in its own code) is ended there and then: its generation stopped, its connections
-        closed, its slot given back; the next step raises the token's error. In the consumer's
-        own thread (its own code, or a signal handler on top of it, which may have cut into a
-        lock the end takes) the next step ends it. A step under way meets the cancel in its own
-        waits."""
-        if threading.get_ident() != self._reader:
-            self._end_unless_stepping()
+        """The call's token fired. From a thread that is neither the consumer's nor the main
+        one, a call between two steps (its consumer in its own code) is ended there and then:
+        its generation stopped, its connections closed, its slot given back; the next step
+        raises the token's error. In the consumer's own thread (its own code, or a signal
+        handler on top of it), and in the main thread, where a signal handler may have cut into
+        a lock the end takes, the next step ends it. A step under way meets the cancel in its
+        own waits."""
+        me = threading.get_ident()
+        if me != self._reader and me != threading.main_thread().ident:
+            self._end_here(wait=False)
 
-    def _end_unless_stepping(self) -> None:
-        """End the call unless a step runs (in another thread: its loop ends it, or reads on
-        past a second loop refused), or an end does."""
-        if self._lock.acquire(blocking=False):
-            try:
-                if not self._over:
-                    self._end()
-            finally:
-                self._lock.release()
+    def _end_here(self, *, wait: bool = True, cut: Cancelled | None = None) -> None:
+        """End the call in this thread, unless it ended, or another thread runs a step (`cut`,
+        if given, cancels that step, whose loop raises it) or an end (awaited if `wait`)."""
+        with self._guard:
+            busy = self._busy
+            if busy == _END and wait:
+                self._await_end()
+            if busy != _IDLE or self._over:
+                stepping = busy == _STEP
+                busy = -1
+            else:
+                self._busy = _END
+        if busy == -1:
+            if stepping and cut is not None:
+                self._token.cancel(cut)
+            return
+        try:
+            self._end()
+        finally:
+            self._done()
+
+    def _await_end(self) -> None:
+        """(Under `_guard`.) Wait until the end another thread runs is over."""
+        self._waiting += 1
+        try:
+            while self._busy == _END:
+                self._changed.wait()
+        finally:
+            self._waiting -= 1
+
+    def _done(self) -> None:
+        with self._guard:
+            self._busy = _IDLE
+            if self._waiting:
+                self._changed.notify_all()
 
     def _end(self) -> None:
         self._over = True

@@ -4,6 +4,7 @@ call's token, its completion, and how a loop over a stream closed from elsewhere
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 from domain.cancel import CancelToken
@@ -11,7 +12,7 @@ from domain.completion import Completion
 from domain.errors import Cancelled, RequestError
 from domain.events import ChatEvent
 
-__all__ = ["CLOSED_WHILE_READ", "ONE_READER", "Facade", "Step", "check_sink", "emit"]
+__all__ = ["CLOSED_WHILE_READ", "ONE_READER", "Facade", "OneReader", "Step", "check_sink", "emit", "weakly"]
 
 Step = ChatEvent | Completion
 
@@ -35,15 +36,35 @@ def emit(on_event: Callable[[ChatEvent], None], event: ChatEvent) -> None:
 # Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or
 # its own body): it never ends as if the answer had come whole.
 CLOSED_WHILE_READ = "the stream was closed while it was being read"
-# Said to a second loop that steps a stream while another thread or task is inside its step.
+# Said to a second loop over a stream, or a step while another thread or task is inside one.
 ONE_READER = "the stream is being read by another thread or task: one loop reads a stream"
+
+
+class OneReader(RuntimeError):
+    """A second reader of a stream, refused: it touches nothing, and the first reads on."""
+
+    def __init__(self) -> None:
+        super().__init__(ONE_READER)
+
+
+def weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """`method`, called through a weak reference to its object: a token's wake-up that never
+    keeps a stream dropped unclosed alive (its call's generator, collected, ends the call)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 class Facade:
     """What both flavours' streams share: the call's token, its completion, and how a loop over a
     stream closed from elsewhere ends."""
 
-    __slots__ = ("_completion", "_cut", "_looping", "_over", "_token")
+    __slots__ = ("__weakref__", "_completion", "_cut", "_looping", "_over", "_token")
 
     def __init__(self) -> None:
         self._token = CancelToken()
@@ -59,14 +80,15 @@ class Facade:
             raise RuntimeError("the stream has no completion: iterate it to its end first")
         return self._completion
 
-    def _closed_from_elsewhere(self, running: bool) -> bool:
+    def _closed_from_elsewhere(self, running: bool, elsewhere: bool) -> bool:
         """A close while the call runs in another thread or task (`running`): the call is
         cancelled, which ends that read with `Cancelled`, and the reader ends the call (True).
-        Otherwise a loop that is running is marked cut, and the caller ends the call (False)."""
+        Otherwise a stream a loop runs over, or that another thread or task reads (`elsewhere`),
+        is marked cut (its next step raises `Cancelled`), and the caller ends the call (False)."""
         if running:
             self._token.cancel(Cancelled(CLOSED_WHILE_READ))
             return True
-        if self._looping and not self._over:
+        if (self._looping or elsewhere) and not self._over:
             self._cut = True
         return False
 

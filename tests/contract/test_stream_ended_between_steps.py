@@ -9,16 +9,17 @@ and the first reads on to the completion."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, sse_reply
+from adapters.fake_server import End, FakeServer, Reply, sse_reply
 from app.client import Client
 from app.container import Container
-from app.event_stream import ONE_READER
+from app.event_stream import CLOSED_WHILE_READ, ONE_READER
 from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed
@@ -137,7 +138,7 @@ def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeSer
         reader = threading.Thread(target=read)
         reader.start()
         assert first.wait(2.0)
-        until(lambda: stream._stepping, 1.0)  # the reader is inside its next step, waiting for the next word
+        until(lambda: stream._busy, 1.0)  # the reader is inside its next step, waiting for the next word
         with pytest.raises(RuntimeError, match=ONE_READER):
             next(iter(stream))
         reader.join(2.0)
@@ -230,4 +231,153 @@ async def test_a_second_task_stepping_a_stream_being_read_is_refused(server: Fak
     assert len(seen) == 10, "the first loop read on to the end"
     assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
     assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
+    await client.aclose()
+
+
+# -- what a race or a drop must not do ----------------------------------------------------------------
+
+
+def test_a_cancel_in_the_main_thread_holding_the_clients_lock_never_deadlocks(server: FakeServer) -> None:
+    # As a signal handler's cancel, in the main thread, cut into a call of the same client that
+    # holds its registry's lock, while another thread reads: the end is left to the reader's
+    # next step, which takes the lock once it is free.
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    token = CancelToken()
+    stream = client.stream(REQ, cancel=token)
+    taken, go_on = threading.Event(), threading.Event()
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        events = iter(stream)
+        next(events)
+        taken.set()
+        go_on.wait(2.0)  # its own code, between two steps
+        try:
+            next(events)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert taken.wait(2.0)
+    assert threading.current_thread() is threading.main_thread()
+    with client._calls._lock:
+        token.cancel()  # returns at once
+    assert recorded(server, STOP) == []
+    go_on.set()
+    reader.join(2.0)
+    assert [type(error) for error in outcome] == [Cancelled]
+    until(lambda: ended(server, client._gate.held), WITHIN_S)
+    client.close()
+
+
+def test_a_second_loop_refused_leaves_the_first_reading_to_the_end(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW)
+    client = Container(config=config_for(server.socket_path)).client()
+    stream = client.stream(REQ)
+    first = iter(stream)
+    assert next(first) == Content(" w1")  # the first loop, between two steps
+
+    def second() -> None:
+        for _event in stream:
+            pass
+
+    with pytest.raises(RuntimeError, match=ONE_READER):
+        second()
+    assert [event for event in first] == [Content(f" w{n}") for n in range(2, 11)]
+    assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
+    assert recorded(server, STOP) == []
+    client.close()
+
+
+def test_a_stream_dropped_unclosed_is_collected_and_its_call_ended(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    stream = client.stream(REQ)
+    assert next(stream) == Content("Paris")
+    del stream
+    gc.collect()
+    until(lambda: ended(server, client._gate.held), WITHIN_S)
+    client.close()
+
+
+def test_a_step_after_a_close_from_another_thread_raises_cancelled(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    stream = client.stream(REQ)
+    assert next(stream) == Content("Paris")  # read step by step, with no loop
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    closer.join(1.0)
+    with pytest.raises(Cancelled, match=CLOSED_WHILE_READ):
+        next(stream)
+    client.close()
+
+
+def test_leaving_the_with_block_waits_for_an_end_a_cancel_began_elsewhere(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    server.route(*STOP, Reply(204, head_delay_s=0.1))  # a slow stop: the end takes 100 ms
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000, busy_wait_ms=50)).client()
+    token = CancelToken()
+    with client.stream(REQ, cancel=token) as stream:
+        events = iter(stream)
+        assert next(events) == Content("Paris")
+        threading.Thread(target=token.cancel).start()
+        until(lambda: len(recorded(server, STOP)) == 1, WITHIN_S)  # the end is under way
+    assert not client._gate.held(0), "the with block was left once the call had ended"
+    client.close()
+
+
+@pytest.mark.asyncio
+async def test_an_async_stream_dropped_unclosed_is_collected_and_its_call_ended(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    stream = client.stream(REQ)
+    assert await anext(stream) == Content("Paris")
+    del stream
+    gc.collect()
+    await until_async(lambda: ended(server, client._gate.held), WITHIN_S)
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_an_async_step_after_an_aclose_from_another_task_raises_cancelled(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    stream = client.stream(REQ)
+    assert await anext(stream) == Content("Paris")
+    await asyncio.create_task(stream.aclose())
+    with pytest.raises(Cancelled, match=CLOSED_WHILE_READ):
+        await anext(stream)
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_leaving_the_async_with_block_waits_for_an_end_another_task_began(server: FakeServer) -> None:
+    server.route(*CHAT, HELD)
+    server.route(*STOP, Reply(204, head_delay_s=0.1))
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
+    async with client.stream(REQ) as stream:
+        assert await anext(stream) == Content("Paris")
+        closer = asyncio.create_task(stream.aclose())
+        await until_async(lambda: len(recorded(server, STOP)) == 1, WITHIN_S)  # the end is under way
+    assert not client._gate.held(0), "the async with block was left once the call had ended"
+    await closer
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_second_async_loop_refused_leaves_the_first_reading_to_the_end(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    stream = client.stream(REQ)
+    first = aiter(stream)
+    assert await anext(first) == Content(" w1")
+    with pytest.raises(RuntimeError, match=ONE_READER):
+        async for _event in stream:
+            pass
+    gc.collect()  # the refused loop, collected, ends nothing
+    assert [event async for event in first] == [Content(f" w{n}") for n in range(2, 11)]
+    assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
     await client.aclose()
