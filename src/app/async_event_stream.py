@@ -81,7 +81,7 @@ class AsyncEventStream(Facade):
         if steps is None or link is None:
             steps = self._steps = self._make(self._token)
             link = self._link = TaskLink(self._token, idle=weakly(self._end_idle))
-        elif _stepping(steps):
+        elif steps.ag_running:  # type: ignore[attr-defined]  # another task is inside a step
             raise OneReader()
         if self._token.cancelled:  # cancelled while the consumer ran its own code
             await self._end()

@@ -54,25 +54,21 @@ __all__ = [
 ]
 
 
-# What runs a blocking stream's generator, if anything (`EventStream._busy`).
-_IDLE, _STEP, _END = 0, 1, 2
-
-
 class EventStream(Facade):
     """`with client.stream(req) as s: for event in s: ...`, then `s.completion`. `close()` may
     come from any thread: a loop it cuts short raises `Cancelled`."""
 
-    __slots__ = ("_busy", "_changed", "_guard", "_reader", "_steps", "_waiting")
+    __slots__ = ("_ending", "_lock", "_reader", "_steps")
 
     def __init__(self, steps: Callable[[CancelToken], Generator[Step, None, None]]) -> None:
         super().__init__()
         self._steps = steps(self._token)
-        # The generator runs in a step (`_STEP`) or in an end from elsewhere (`_END`), one at a
-        # time: `_busy` says which, under `_guard`; `_changed` wakes those waiting for an end.
-        self._guard = threading.Lock()
-        self._changed = threading.Condition(self._guard)
-        self._busy = _IDLE
-        self._waiting = 0  # threads waiting on `_changed`
+        # Held while the generator runs: by a step, or by an end from elsewhere, which counts
+        # itself in `_ending` before it tries the lock (so that a step finding the lock taken
+        # knows to wait for the end, not to refuse a second reader): a list, as its `append`
+        # and `pop` are atomic.
+        self._lock = threading.Lock()
+        self._ending: list[None] = []
         self._reader: int | None = None  # the thread of the last step
         self._token.on_cancel(weakly(self._on_cancel))
 
@@ -112,10 +108,11 @@ class EventStream(Facade):
             raise OneReader()
         self._looping += 1
         refused = False
+        me = threading.get_ident()  # a loop in one thread: looked up once
         try:
             while True:
                 try:
-                    event = self.__next__()
+                    event = self._next(me)
                 except StopIteration:
                     return self.completion
                 except OneReader:
@@ -128,13 +125,16 @@ class EventStream(Facade):
                 self._end_here()
 
     def __next__(self) -> ChatEvent:
-        with self._guard:
-            if self._busy == _STEP:
+        return self._next(threading.get_ident())
+
+    def _next(self, reader: int) -> ChatEvent:
+        """The next event, read in the thread `reader`."""
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            if not self._ending:
                 raise OneReader()
-            if self._busy == _END:  # the call is being ended from elsewhere: its end is awaited
-                self._await_end()
-            self._busy = _STEP
-        self._reader = threading.get_ident()
+            lock.acquire()  # the call is being ended from elsewhere: its end is awaited
+        self._reader = reader
         try:
             if self._token.cancelled and not self._over:  # in this thread, since the last step
                 self._end()
@@ -155,7 +155,7 @@ class EventStream(Facade):
                 raise StopIteration
             return step
         finally:
-            self._done()
+            lock.release()
 
     def close(self) -> None:
         """End the call now if it has not ended (idempotent), an end under way elsewhere
@@ -180,38 +180,23 @@ class EventStream(Facade):
     def _end_here(self, *, wait: bool = True, cut: Cancelled | None = None) -> None:
         """End the call in this thread, unless it ended, or another thread runs a step (`cut`,
         if given, cancels that step, whose loop raises it) or an end (awaited if `wait`)."""
-        with self._guard:
-            busy = self._busy
-            if busy == _END and wait:
-                self._await_end()
-            if busy != _IDLE or self._over:
-                stepping = busy == _STEP
-                busy = -1
-            else:
-                self._busy = _END
-        if busy == -1:
-            if stepping and cut is not None:
-                self._token.cancel(cut)
-            return
+        lock, ending = self._lock, self._ending
+        ending.append(None)
         try:
-            self._end()
+            if not lock.acquire(blocking=False):
+                if len(ending) > 1 and wait:  # another end: awaited
+                    with lock:
+                        return
+                if cut is not None:  # a step in another thread (or an end): cancelled, its loop raises it
+                    self._token.cancel(cut)
+                return
+            try:
+                if not self._over:
+                    self._end()
+            finally:
+                lock.release()
         finally:
-            self._done()
-
-    def _await_end(self) -> None:
-        """(Under `_guard`.) Wait until the end another thread runs is over."""
-        self._waiting += 1
-        try:
-            while self._busy == _END:
-                self._changed.wait()
-        finally:
-            self._waiting -= 1
-
-    def _done(self) -> None:
-        with self._guard:
-            self._busy = _IDLE
-            if self._waiting:
-                self._changed.notify_all()
+            ending.pop()
 
     def _end(self) -> None:
         self._over = True

@@ -138,7 +138,7 @@ def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeSer
         reader = threading.Thread(target=read)
         reader.start()
         assert first.wait(2.0)
-        until(lambda: stream._busy, 1.0)  # the reader is inside its next step, waiting for the next word
+        until(stream._lock.locked, 1.0)  # the reader is inside its next step, waiting for the next word
         with pytest.raises(RuntimeError, match=ONE_READER):
             next(iter(stream))
         reader.join(2.0)
