@@ -56,16 +56,21 @@ class AsyncEventStream(Facade):
             raise OneReader()
         self._looping += 1
         task = asyncio.current_task()  # a coroutine runs in one task: looked up once
+        refused = False
         try:
             while True:
                 try:
                     event = await self._next(task)
                 except StopAsyncIteration:
                     return self.completion
+                except OneReader:
+                    refused = True
+                    raise
                 emit(on_event, event)
         finally:
             self._looping -= 1
-            await self._end()
+            if not refused:  # as the blocking flavour's: a refused loop ends nothing
+                await self._end()
 
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
         return self._next(None)
