@@ -9,7 +9,11 @@ All three paths end at the same local TCP echo server (a separate process):
 Measured per path: a 200-byte ping-pong on one open connection (p50, p99 round trip; the gain
 over direct is what a message pays to cross the forwarder, as an SSE event does) and bulk
 throughput (64 MiB sent and echoed back at once; payload MB/s one way). Goals: the proxy adds at
-most socat's p50 latency and moves at least 1.5x socat's throughput.
+most socat's p50 latency and moves at least 1.5x socat's throughput. The ping-pong runs twice:
+across the machine's cores, as the scheduler places each process, and with every process pinned
+to one core, where a round trip's wake of another core (25 to 30 µs each on some virtual
+machines, and as many as the placement makes) is out of the figure and what is left is the
+forwarder's own cost per message.
 
 Run: `.venv/bin/python bench/proxy_bench.py [--quick]`. `run(quick)` returns (name, value) rows
 for a combined table. socat is installed from Debian's packages if missing.
@@ -268,13 +272,45 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
     reps = 3 if quick else 9
     rounds = 1000 if quick else 2000
     total = (16 if quick else 64) * 1024 * 1024
+    results = _measure_all(reps, rounds, total)
+    return rows(results, total) + one_core_rows(quick)
+
+
+def _measure_all(reps: int, rounds: int, total: int) -> list[PathResult]:
     with tempfile.TemporaryDirectory(prefix="proxy-bench-") as folder, echo_server() as port:
         socat_path = os.path.join(folder, "socat.sock")
         proxy_path = os.path.join(folder, "proxy.sock")
         with socat_forwarder(socat_path, port), inferproxy(proxy_path, port):
             paths = {"direct": _tcp(port), "socat": _unix(socat_path), "inferproxy": _unix(proxy_path)}
-            results = measure(paths, reps, rounds, total)
-    return rows(results, total)
+            return measure(paths, reps, rounds, total)
+
+
+def one_core_rows(quick: bool) -> list[tuple[str, str]]:
+    """The ping-pong again with every process on one core, in a child pinned before it starts
+    them: a message's wake of another core (tens of µs on some hosts, and where the scheduler
+    puts each thread decides how many a round trip takes) is then out of the figure, which is
+    left with what the forwarder itself costs a message."""
+    if not hasattr(os, "sched_setaffinity"):
+        return [("proxy, one core", "n/a (no sched_setaffinity here)")]
+    argv = [sys.executable, str(Path(__file__).resolve()), "--one-core"] + (["--quick"] if quick else [])
+    done = subprocess.run(argv, check=True, capture_output=True, text=True)
+    p50 = dict(zip(("direct", "socat", "inferproxy"), map(float, done.stdout.split()), strict=True))
+    socat_added, proxy_added = p50["socat"] - p50["direct"], p50["inferproxy"] - p50["direct"]
+    ratio = f"{proxy_added / socat_added:.2f}x" if socat_added > 0 else "n/a (socat added nothing)"
+    out = [(f"proxy, one core: {name} ping-pong p50", f"{value:.1f} µs") for name, value in p50.items()]
+    out.append(
+        (
+            "proxy, one core: added p50, inferproxy / socat (goal <= 1)",
+            f"{ratio} ({proxy_added:.1f} / {socat_added:.1f} µs)",
+        )
+    )
+    return out
+
+
+def _one_core(quick: bool) -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # the echo, socat and inferproxy inherit it
+    results = _measure_all(3 if quick else 9, 1000 if quick else 2000, 1024 * 1024)
+    print(" ".join(f"{r.p50_us:.2f}" for r in results))
 
 
 def rows(results: list[PathResult], total: int) -> list[tuple[str, str]]:
@@ -300,9 +336,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer rounds and 16 MiB of bulk")
     parser.add_argument("--echo", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--one-core", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.echo:
         serve_echo()
+        return
+    if args.one_core:
+        _one_core(args.quick)
         return
     report(lambda: run(quick=args.quick))
 
