@@ -23,13 +23,13 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
 from typing import Any, ParamSpec, TypeVar
 
 from domain.cancel import CancelToken, cancel_all
 from domain.errors import ClientClosed, InferError, RequestError
 
-__all__ = ["CLOSE_WAIT_S", "AsyncCalls", "AsyncUncut", "Calls", "TaskLink", "Uncut"]
+__all__ = ["CLOSE_WAIT_S", "AsyncCalls", "AsyncInner", "AsyncUncut", "Calls", "Inner", "TaskLink", "Uncut"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -181,23 +181,51 @@ class Uncut:
 class AsyncUncut:
     """`Uncut` on asyncio: the step runs to its end even if the task is cancelled meanwhile
     (by a `TaskLink`, a timeout, `task.cancel()`), and that cancellation is raised after it, as
-    the blocking flavour would end. The step must end by itself within a bound."""
+    the blocking flavour would end. The step must end by itself within a bound, and may run
+    twice: the end of `asyncio.run` cancels every task there is, the step's own among them,
+    so a step cancelled itself is made once more, in a task the loop's end does not cancel
+    (it awaits those it cancelled, this one among them, before it closes)."""
 
     @staticmethod
     async def run(step: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
         task = asyncio.ensure_future(step(*args, **kwargs))
         cancelled: asyncio.CancelledError | None = None
+        again = True
         while not task.done():
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError as exc:
-                if task.cancelled():  # the step itself was cancelled (the loop is ending)
-                    raise
                 cancelled = exc
+                if task.cancelled():  # the step itself was cancelled: the loop is ending
+                    if not again:
+                        raise
+                    again = False
+                    task = asyncio.ensure_future(step(*args, **kwargs))
         result = task.result()
         if cancelled is not None:
             raise cancelled
         return result
+
+
+class Inner:
+    """A call's inner steps, closed when the call ends before them."""
+
+    @staticmethod
+    def close(steps: Generator[Any, None, None]) -> None:
+        steps.close()
+
+
+class AsyncInner:
+    """`Inner` on asyncio, where the loop's end (`shutdown_asyncgens`, at the end of
+    `asyncio.run`) closes every async generator there is at once, in no set order: inner steps
+    are then left to that close, whether it has begun them or not (closed twice, one of the two
+    closes fails, and the loop logs it as an error)."""
+
+    @staticmethod
+    async def close(steps: AsyncGenerator[Any, None]) -> None:
+        if steps.ag_running or getattr(asyncio.get_running_loop(), "_asyncgens_shutdown_called", False):  # type: ignore[attr-defined]
+            return
+        await steps.aclose()
 
 
 class TaskLink:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 
 import pytest
 
 from adapters.fake_server import End, FakeServer, sse_reply
 from app.container import Container
-from client_support import CHAT, REQ, chunk, config_for, recorded
+from client_support import CHAT, REQ, STOP, chunk, config_for, recorded
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -66,3 +67,47 @@ def test_a_sync_stream_left_by_a_break_leaves_nothing_for_close_to_wait_for(serv
     client.close()
 
     assert time.monotonic() - started < 0.1
+
+
+def test_a_break_as_the_last_thing_before_asyncio_run_ends_still_stops_the_generation(server: FakeServer) -> None:
+    # The loop's end cancels every task, the call's end among them: its stop is made again.
+    server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
+    container = Container(config=config_for(server.socket_path, liveness_ms=2000))
+    aio = container.async_client()
+
+    async def run() -> None:
+        async for _ in aio.stream(REQ):
+            break
+
+    asyncio.run(run())
+
+    assert len(recorded(server, STOP)) == 1, "the generation was stopped"
+    (stream,) = recorded(server, CHAT)
+    assert stream.client_closed.wait(1.0), "the connection is closed"
+    assert not container.gate().held(REQ.slot), "the slot is free"
+
+
+def test_a_stream_left_open_when_asyncio_run_ends_is_stopped_and_closed_without_an_error(
+    server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The loop's end closes every async generator at once: the call's outer steps and its inner
+    # ones together, the inner already closing when the outer comes to close it.
+    server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
+    container = Container(config=config_for(server.socket_path, liveness_ms=2000))
+    aio = container.async_client()
+    kept: list[object] = []
+
+    async def run() -> None:
+        stream = aio.stream(REQ)
+        loop = aiter(stream)
+        kept.append(loop)  # held past the loop's end: only the loop's own shutdown closes it
+        await anext(loop)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(run())
+
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+    assert len(recorded(server, STOP)) == 1, "the generation was stopped"
+    (stream,) = recorded(server, CHAT)
+    assert stream.client_closed.wait(1.0), "the connection is closed"
+    assert not container.gate().held(REQ.slot), "the slot is free"

@@ -64,8 +64,11 @@ def test_the_steps_own_error_comes_out() -> None:
         asyncio.run(scene())
 
 
-def test_a_step_cancelled_itself_is_a_cancel() -> None:
+def test_a_step_cancelled_itself_is_made_once_more_then_is_a_cancel() -> None:
+    runs: list[None] = []
+
     async def cancelled() -> None:
+        runs.append(None)
         raise asyncio.CancelledError
 
     async def scene() -> None:
@@ -73,6 +76,25 @@ def test_a_step_cancelled_itself_is_a_cancel() -> None:
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(scene())
+    assert len(runs) == 2
+
+
+def test_a_step_under_way_when_asyncio_run_ends_still_runs_to_its_end() -> None:
+    # The end of `asyncio.run` cancels every task, the step's own among them: the step is made
+    # again in a task the end does not cancel, and the end awaits it.
+    ended: list[str] = []
+    left: list[asyncio.Future[None]] = []
+
+    async def stop() -> None:
+        await asyncio.sleep(0.01)
+        ended.append("stopped")
+
+    async def scene() -> None:
+        left.append(asyncio.ensure_future(AsyncUncut.run(stop)))
+        await asyncio.sleep(0)  # the step's task is made; the scene ends while it runs
+
+    asyncio.run(scene())
+    assert ended == ["stopped"]
 
 
 def test_the_blocking_twin_runs_the_step_with_its_arguments() -> None:

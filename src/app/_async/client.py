@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
 from app._async.call import AsyncLlamaCalls
-from app.calls import CLOSE_WAIT_S, AsyncCalls
+from app.calls import CLOSE_WAIT_S, AsyncCalls, AsyncInner
 from app.event_stream import AsyncEventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
@@ -137,7 +137,7 @@ class AsyncClient:
                         async for step in steps:
                             yield step
                     finally:
-                        await steps.aclose()
+                        await AsyncInner.close(steps)
                     return
                 except InferError as error:
                     if not retry or token.cancelled:

@@ -28,7 +28,7 @@ from collections.abc import Generator, Callable
 from types import TracebackType
 
 from app._sync.call import LlamaCalls
-from app.calls import CLOSE_WAIT_S, Calls
+from app.calls import CLOSE_WAIT_S, Calls, Inner
 from app.event_stream import EventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
@@ -138,7 +138,7 @@ class Client:
                         for step in steps:
                             yield step
                     finally:
-                        steps.close()
+                        Inner.close(steps)
                     return
                 except InferError as error:
                     if not retry or token.cancelled:
