@@ -16,6 +16,7 @@ from adapters.fake_server import (
     End,
     FakeServer,
     Piece,
+    Raw,
     RecordedRequest,
     Reply,
     Script,
@@ -202,6 +203,26 @@ def test_a_json_answer_that_drips_is_stalled_at_the_liveness_limit(server: FakeS
 
     with pytest.raises(Stalled):
         client_kind.client_for(server).props()
+
+    assert time.monotonic() - started < ENDS_WITHIN_S
+
+
+@pytest.mark.parametrize("route", [CHAT, PROPS], ids=["chat", "props"])
+def test_informational_responses_that_never_end_are_a_protocol_error_at_the_header_cap(
+    server: FakeServer, client_kind: Kind, route: tuple[str, str]
+) -> None:
+    flood = Raw([Piece(0.0, b"HTTP/1.1 100 Continue\r\n\r\n" * 4000)], End.SILENCE)  # 100 KB, no head
+    server.route(*route, flood)
+    client = client_kind.client_for(server)
+    started = time.monotonic()
+
+    with pytest.raises(
+        ProtocolError, match=r"informational \(1xx\) responses and no response head: over the 16384-byte limit"
+    ):
+        if route == CHAT:
+            client.chat(REQ, lambda event: None)
+        else:
+            client.props()
 
     assert time.monotonic() - started < ENDS_WITHIN_S
 

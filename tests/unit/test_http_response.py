@@ -68,6 +68,35 @@ def test_a_head_over_the_cap_is_refused_and_stays_refused() -> None:
         parser.next_head()
 
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["in-one-read", "one-by-one"])
+def test_informational_responses_past_the_cap_are_refused(whole: bool) -> None:
+    # A final head never comes: the 1xx heads alone count against `header_bytes`.
+    parser = ResponseParser(render("GET", "/x", None, 128))
+    pieces = [CONTINUE * 6] if whole else [CONTINUE] * 6  # 150 bytes
+
+    with pytest.raises(
+        ProtocolError, match=r"GET /x: 150 bytes of informational \(1xx\) responses and no response head"
+    ):
+        for piece in pieces:
+            parser.receive_data(piece)
+            assert parser.next_head() is None
+    with pytest.raises(ProtocolError, match="already refused"):
+        parser.next_head()
+
+
+def test_informational_responses_and_the_head_within_the_cap_are_read() -> None:
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    parser = ResponseParser(render("GET", "/x", None, 4 * len(CONTINUE) + len(final)))
+    parser.receive_data(CONTINUE * 4 + final)
+
+    head = parser.next_head()
+    assert head is not None
+    assert head.status == 200
+
+
 def test_eof_inside_the_head_says_where() -> None:
     parser = ResponseParser(render("GET", "/x", None, 16384))
     assert parser.next_head() is None

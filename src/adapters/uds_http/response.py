@@ -275,6 +275,13 @@ class ResponseParser:
                 return self._take_head(event)
             if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
                 raise ProtocolError(f"{self.what}: unexpected {type(event).__name__} before the head")
+            read = self._fed - len(conn.trailing_data[0])  # the 1xx heads count against the cap
+            if read > self._header_bytes:
+                self._conn = None
+                raise ProtocolError(
+                    f"{self.what}: {read} bytes of informational (1xx) responses and no response head:"
+                    f" over the {self._header_bytes}-byte limit"
+                )
 
     def _to_h11(self) -> h11.Connection:
         """Hand the head's bytes so far (and the EOF, if it came) to h11, to read from now on."""

@@ -134,6 +134,8 @@ class AsyncHttpExchange:
                 return TIMED_OUT
             parser.receive_data(data)
             head = parser.next_head()
+            if head is None and now() >= deadline:  # bytes that keep coming are no head (a flood of 1xx)
+                return TIMED_OUT
         self._eof = parser.eof
         self._body = parser.body
         self._head = head
@@ -177,6 +179,8 @@ class AsyncHttpExchange:
             if piece is not None:
                 return piece
             timeout = deadline - now()
+            if timeout <= 0:  # framing bytes that keep coming are no piece
+                return TIMED_OUT
 
     def close(self) -> None:
         """Close the connection (the server cancels the generation). Idempotent; never raises;
