@@ -75,8 +75,10 @@ class AsyncEventStream(Facade):
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
         return self._next(None)
 
-    async def _next(self, task: asyncio.Task[Any] | None) -> ChatEvent:
-        """The next event, in `task` (None: the one running, looked up)."""
+    async def _next(self, task: asyncio.Task[Any] | None, loop: _Loop | None = None) -> ChatEvent:
+        """The next event, in `task` (None: the one running, looked up). `loop`, the `async for`
+        that asked for it, is held till the step is made: one dropped meanwhile (`await
+        anext(aiter(stream))`) ends the call after its event, not before it."""
         if self._over:
             if self._closer is not None:
                 await asyncio.shield(self._closer)  # an end under way: awaited, then said
@@ -97,6 +99,11 @@ class AsyncEventStream(Facade):
         except asyncio.CancelledError as cancelled:
             await self._end()
             raise link.error(cancelled) from None
+        except StopAsyncIteration:  # closed by the end of the event loop it began on
+            await self._end()
+            raise RuntimeError(
+                "the call ended without a completion: the end of the event loop it began on closed it"
+            ) from None
         except BaseException:
             await link.absorb()
             await self._end()
@@ -120,8 +127,7 @@ class AsyncEventStream(Facade):
             await asyncio.shield(self._closer)
             return
         link = self._link
-        elsewhere = link is not None and link.task is not None and link.task is not asyncio.current_task()
-        if self._over or self._closed_from_elsewhere(_stepping(self._steps), elsewhere):
+        if self._over or self._closed_from_elsewhere(_stepping(self._steps)):
             return
         if link is None or _running_loop() is not link.loop:  # never started, or another loop's call
             await self._end()
@@ -194,12 +200,14 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class _Loop:
     """One `async for` over an `AsyncEventStream`: each step is the stream's own `__anext__`,
     handed out as it is (no coroutine of its own on the way to each event). Dropped before the
-    stream ended (a `break`, an exception), it ends the call, as the blocking flavour's loop does."""
+    stream ended (a `break`, an exception), it ends the call, as the blocking flavour's loop does;
+    dropped before it asked for a step, it ends nothing, as a generator never started."""
 
-    __slots__ = ("_refused", "_stream")
+    __slots__ = ("_asked", "_refused", "_stream")
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
+        self._asked = False  # a loop dropped before it asked for a step ends nothing (as a generator)
         self._refused = stream._looping > 0  # a second loop: it touches nothing
         if not self._refused:
             stream._looping += 1
@@ -210,10 +218,14 @@ class _Loop:
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
         if self._refused:
             raise OneReader()
-        return self._stream._next(None)
+        self._asked = True
+        return self._stream._next(None, self)
 
     def __del__(self) -> None:
         if self._refused:
+            return
+        if not self._asked:
+            self._stream._looping -= 1
             return
         with contextlib.suppress(Exception):
             self._stream._left()  # at the stream's end, it only counts the loop out

@@ -7,6 +7,7 @@ the classes assembled here import nothing from dependency-injector.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from dependency_injector import containers, providers
 
@@ -83,6 +84,16 @@ def n_ctx(config: Config) -> int | None:
 
 class Container(containers.DeclarativeContainer):
     config = providers.Dependency(instance_of=Config)
+
+    def __new__(cls, **overriding: Any) -> Any:
+        """`Container(config=...)`: a config that is not a `Config` (None, a dict) is a
+        `TypeError` here, not a dependency-injector error at the first `client()`."""
+        given = overriding.get("config", Config)
+        if given is not Config and not isinstance(given, (Config, providers.Provider)):
+            raise TypeError(
+                f"config must be an app.config.Config (from load_config or parse_config), not {type(given).__name__}"
+            )
+        return super().__new__(cls, **overriding)
 
     # Thread-safe: a daemon may resolve `client()` from several threads at once, and a plain
     # Singleton would then build one client, one slot gate and one transport per thread.

@@ -161,8 +161,7 @@ class EventStream(Facade):
         """End the call now if it has not ended (idempotent), an end under way elsewhere
         awaited; from another thread while a loop waits inside the call, by cancelling it (the
         loop raises `Cancelled`)."""
-        elsewhere = self._reader is not None and self._reader != threading.get_ident()
-        self._closed_from_elsewhere(False, elsewhere)
+        self._closed_from_elsewhere(False)
         self._end_here(cut=Cancelled(CLOSED_WHILE_READ))
 
     def _on_cancel(self) -> None:

@@ -4,6 +4,7 @@ call's token, its completion, and how a loop over a stream closed from elsewhere
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable
 
@@ -18,24 +19,36 @@ Step = ChatEvent | Completion
 
 
 def check_sink(on_event: object) -> None:
-    """A call's `on_event` is called with every event: one that cannot be is a `RequestError`
-    before anything is sent."""
+    """A call's `on_event` is called with every event and nothing awaits what it returns: one
+    that cannot be called, or an `async def` one (whose events would be lost), is a
+    `RequestError` before anything is sent."""
     if not callable(on_event):
         raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
+    if inspect.iscoroutinefunction(on_event) or inspect.iscoroutinefunction(type(on_event).__call__):
+        raise RequestError(_AWAITABLE_SINK)
 
 
-def emit(on_event: Callable[[ChatEvent], None], event: ChatEvent) -> None:
+_AWAITABLE_SINK = "on_event must be a plain function: it is called with each event and nothing awaits what it returns"
+
+
+def emit(on_event: Callable[[ChatEvent], object], event: ChatEvent) -> None:
     """Hand `event` to the caller's callback. A `StopIteration` it raises would read as the end
-    of the call's steps: it is an error of the callback's."""
+    of the call's steps: it is an error of the callback's; so is an awaitable it returns (the
+    event would be lost), closed unawaited."""
     try:
-        on_event(event)
+        returned = on_event(event)
     except StopIteration as exc:
         raise RuntimeError(f"on_event raised StopIteration on {type(event).__name__}") from exc
+    if returned is not None and inspect.isawaitable(returned):
+        close = getattr(returned, "close", None)
+        if close is not None:
+            close()
+        raise RequestError(f"{_AWAITABLE_SINK}; it returned {type(returned).__name__} for {type(event).__name__}")
 
 
 # Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or
 # its own body): it never ends as if the answer had come whole.
-CLOSED_WHILE_READ = "the stream was closed while it was being read"
+CLOSED_WHILE_READ = "the stream was closed before it was read to its end"
 # Said to a second loop over a stream, or a step while another thread or task is inside one.
 ONE_READER = "the stream is being read by another thread or task: one loop reads a stream"
 
@@ -80,15 +93,16 @@ class Facade:
             raise RuntimeError("the stream has no completion: iterate it to its end first")
         return self._completion
 
-    def _closed_from_elsewhere(self, running: bool, elsewhere: bool) -> bool:
+    def _closed_from_elsewhere(self, running: bool) -> bool:
         """A close while the call runs in another thread or task (`running`): the call is
         cancelled, which ends that read with `Cancelled`, and the reader ends the call (True).
-        Otherwise a stream a loop runs over, or that another thread or task reads (`elsewhere`),
-        is marked cut (its next step raises `Cancelled`), and the caller ends the call (False)."""
+        Otherwise a stream not yet ended is marked cut, so that a loop over it (under way, or
+        any later one, in any thread or task) raises `Cancelled`, and the caller ends the call
+        (False)."""
         if running:
             self._token.cancel(Cancelled(CLOSED_WHILE_READ))
             return True
-        if (self._looping or elsewhere) and not self._over:
+        if not self._over:
             self._cut = True
         return False
 

@@ -3,6 +3,8 @@ before anything is sent, in both flavours (each test runs over both clients, `cl
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -54,3 +56,39 @@ def test_a_cancel_that_is_not_a_token_is_refused_before_anything_is_sent(
     assert server.requests == []
     assert client.chat(REQ, ignore) == ANSWER_COMPLETION
     client.close()
+
+
+class _AsyncSink:
+    async def __call__(self, event: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "sink", [_AsyncSink(), functools.partial(_AsyncSink().__call__)], ids=["async-call-object", "partial-of-async"]
+)
+def test_an_async_on_event_is_a_request_error_before_anything_is_sent(
+    server: FakeServer, client_kind: Kind, sink: object
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+
+    with pytest.raises(RequestError, match="on_event must be a plain function"):
+        client_kind.client_for(server).chat(REQ, sink)  # type: ignore[arg-type]
+    assert server.requests == []
+
+
+def test_an_on_event_that_returns_an_awaitable_ends_the_call_with_a_request_error(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    made: list[Coroutine[Any, Any, None]] = []
+
+    async def handle(event: object) -> None:
+        return None
+
+    def sink(event: object) -> Coroutine[Any, Any, None]:
+        made.append(handle(event))
+        return made[-1]
+
+    with pytest.raises(RequestError, match="it returned coroutine for Progress"):
+        client_kind.client_for(server).chat(REQ, sink)
+    assert [c.cr_frame for c in made] == [None], "the coroutine was closed, not left unawaited"

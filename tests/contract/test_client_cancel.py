@@ -385,7 +385,7 @@ def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer, clien
     assert len(recorded(server, ("GET", "/v1/stream"))) == 1
 
 
-def test_a_stream_closed_before_its_first_event_sends_nothing_even_when_iterated_after(
+def test_a_stream_closed_before_its_first_event_sends_nothing_and_a_loop_after_raises(
     server: FakeServer, client_kind: Kind
 ) -> None:
     server.route(*CHAT, sse_reply(ANSWER))
@@ -393,11 +393,26 @@ def test_a_stream_closed_before_its_first_event_sends_nothing_even_when_iterated
 
     with client.stream(REQ) as s:
         s.close()
-        assert list(s) == []
+        with pytest.raises(Cancelled, match="closed before it was read to its end"):
+            list(s)
 
     assert server.requests == []
     with pytest.raises(RuntimeError, match="no completion"):
         s.completion  # noqa: B018
+
+
+def test_a_stream_closed_from_another_thread_before_its_first_event_raises_in_a_loop_after(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    s = client_kind.client_for(server).stream(REQ)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(2.0)
+
+    with pytest.raises(Cancelled, match="closed before it was read to its end"):
+        list(s)
+    assert server.requests == []
 
 
 def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer, client_kind: Kind) -> None:

@@ -160,3 +160,51 @@ async def test_an_aclose_from_another_task_ends_the_readers_loop_with_cancelled(
     await until_async(lambda: len(recorded(server, STOP)) == 1)
     assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
     await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_anext_of_a_fresh_loop_gives_the_first_event_then_ends_the_call_as_next_of_iter_does(
+    server: FakeServer,
+) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    stream = client.stream(REQ)
+
+    first = await anext(aiter(stream))  # the loop is dropped before its step runs
+
+    assert isinstance(first, Content), "the event is handed out, not lost"
+    await until_async(lambda: len(recorded(server, STOP)) == 1)  # then the loop, left, ends the call
+    assert await client.chat(REQ, ignore) == ANSWER_COMPLETION, "the slot was given back"
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_loop_dropped_before_it_asked_for_a_step_ends_nothing(server: FakeServer) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    client = Container(config=config_for(server.socket_path)).async_client()
+    async with client.stream(REQ) as stream:
+        first = await stream.__anext__()
+        aiter(stream)  # made and dropped: as a generator never started
+        events = [first] + [event async for event in stream]
+
+    assert Content(".") in events
+    assert stream.completion == ANSWER_COMPLETION
+    assert recorded(server, STOP) == []
+    await client.aclose()
+
+
+def test_a_stream_read_on_after_the_loop_it_began_on_ended_is_an_error_not_a_clean_end(server: FakeServer) -> None:
+    serving(server)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    stream = client.stream(REQ)
+
+    async def first() -> ChatEvent:
+        return await stream.__anext__()
+
+    async def rest() -> list[ChatEvent]:
+        return [event async for event in stream]
+
+    assert isinstance(asyncio.run(first()), Content)  # its loop's end closes the call
+    with pytest.raises(RuntimeError, match="without a completion: the end of the event loop it began on closed it"):
+        asyncio.run(rest())
+    assert len(recorded(server, STOP)) == 1

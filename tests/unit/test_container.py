@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from dependency_injector import errors
+from dependency_injector import errors, providers
 
 from app.config import Config, parse_config
 from app.container import Container
@@ -57,3 +57,13 @@ def test_real_clock_is_monotonic_and_refuses_negative_sleep(config: Config) -> N
     assert clock.now() >= a
     with pytest.raises(ValueError, match="negative"):
         clock.sleep(-1)
+
+
+@pytest.mark.parametrize("given", [None, {"socket": "/run/infer.sock"}, "config.toml"], ids=["none", "dict", "path"])
+def test_a_config_that_is_not_a_config_is_a_type_error_naming_it(given: object) -> None:
+    with pytest.raises(TypeError, match=r"config must be an app\.config\.Config .* not (NoneType|dict|str)"):
+        Container(config=given)
+
+
+def test_a_config_given_as_a_provider_is_taken(config: Config) -> None:
+    Container(config=providers.Object(config)).check_dependencies()

@@ -30,7 +30,7 @@ WITHIN_S = 0.1
 COMPLETION = Completion("chatcmpl-1", "Hi", None, (), FinishReason.STOP, Timings(0, 3, 1), 0, False)
 
 
-def test_a_stream_closed_before_its_first_step_never_starts_the_call() -> None:
+def test_a_stream_closed_before_its_first_step_never_starts_the_call_and_a_loop_then_raises() -> None:
     started: list[CancelToken] = []
 
     def steps(token: CancelToken) -> Generator[Step, None, None]:
@@ -39,7 +39,8 @@ def test_a_stream_closed_before_its_first_step_never_starts_the_call() -> None:
 
     with EventStream(steps) as stream:
         stream.close()
-        assert list(stream) == []
+        with pytest.raises(Cancelled, match="closed before it was read to its end"):
+            list(stream)  # never as if the answer had come whole, and empty
 
     assert started == []
     with pytest.raises(RuntimeError, match="no completion"):
@@ -47,7 +48,7 @@ def test_a_stream_closed_before_its_first_step_never_starts_the_call() -> None:
 
 
 @pytest.mark.asyncio
-async def test_an_async_stream_closed_before_its_first_step_never_starts_the_call() -> None:
+async def test_an_async_stream_closed_before_its_first_step_never_starts_the_call_and_a_loop_then_raises() -> None:
     started: list[CancelToken] = []
 
     async def steps(token: CancelToken) -> AsyncGenerator[Step, None]:
@@ -56,7 +57,8 @@ async def test_an_async_stream_closed_before_its_first_step_never_starts_the_cal
 
     async with AsyncEventStream(steps) as stream:
         await stream.aclose()
-        assert [event async for event in stream] == []
+        with pytest.raises(Cancelled, match="closed before it was read to its end"):
+            [event async for event in stream]
 
     assert started == []
     with pytest.raises(RuntimeError, match="no completion"):
