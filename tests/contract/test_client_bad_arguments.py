@@ -13,6 +13,7 @@ from adapters.fake_server import FakeServer, json_reply, sse_reply
 from client_support import ANSWER, ANSWER_COMPLETION, CHAT, PROPS, REQ, Kind
 from domain.errors import RequestError
 from domain.events import ChatEvent
+from domain.messages import ChatRequest, UserMessage
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -92,3 +93,20 @@ def test_an_on_event_that_returns_an_awaitable_ends_the_call_with_a_request_erro
     with pytest.raises(RequestError, match="it returned coroutine for Progress"):
         client_kind.client_for(server).chat(REQ, sink)
     assert [c.cr_frame for c in made] == [None], "the coroutine was closed, not left unawaited"
+
+
+def test_with_the_slot_count_left_to_props_a_bad_request_is_refused_before_props_is_asked(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    # The server is loading: asking it first would end a bad request in its 503, retried.
+    server.route(*PROPS, json_reply({"error": {"code": 503, "message": "Loading model"}}, 503))
+    client = client_kind.client_for(server, expect=False)
+    bad = ChatRequest(slot=0, messages=[UserMessage("x")], max_tokens=-5)
+
+    with pytest.raises(RequestError, match="max_tokens"):
+        client.chat_with_retry(bad, lambda event: None)
+    with pytest.raises(RequestError, match="slot must be an integer"):
+        client.render(ChatRequest(slot=None, messages=[UserMessage("x")]))  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="slot -1 is negative"):
+        client.restore_slot(-1)
+    assert server.requests == [], "nothing was asked of the server"

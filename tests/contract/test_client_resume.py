@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, silence
+from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, not_found, silence
 from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, STOP, Kind, chunk, recorded
 from domain.cancel import CancelToken
 from domain.completion import Completion
@@ -204,6 +204,22 @@ def test_chat_raises_the_cut_when_the_re_attach_is_refused_and_sends_nothing_twi
 
     assert len(recorded(server, CHAT)) == 1
     assert ring.stopped == ring.conversations[:1]
+
+
+def test_the_cut_chat_raises_is_the_streams_not_a_failed_re_attach_before_the_refusal(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    served(server, ReplayRing(LONG, cut_after=2048))
+    answers = iter([json_reply({"error": {"code": 503, "message": "Loading model"}}, 503), not_found()])
+    server.route(*STREAM, lambda request: next(answers))
+    events: list[ChatEvent] = []
+
+    with pytest.raises(StreamClosedEarly, match=r"^POST /v1/chat/completions: connection closed after chunk"):
+        client_kind.client_for(server).chat(REQ, events.append)
+
+    retried = [e.error for e in events if isinstance(e, Retrying)]
+    assert [error.split(":")[1].strip() for error in retried] == ["POST /v1/chat/completions", "GET /v1/stream"]
+    assert len(recorded(server, CHAT)) == 1
 
 
 def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeServer, client_kind: Kind) -> None:

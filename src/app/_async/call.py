@@ -283,7 +283,7 @@ class AsyncLlamaCalls:
         except BaseException:
             exchange.close()
             raise
-        flight.exchange = exchange
+        flight.picked_up(exchange)
         flight.stream.resumed(self._clock.now())
 
     async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:

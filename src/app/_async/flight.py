@@ -55,6 +55,7 @@ class Flight:
         self.conversation = conversation
         self.exchange = exchange
         self.stream = stream
+        self.cut = None
         self.consumed = 0
         self.started = now
         self.first = True
@@ -71,12 +72,19 @@ class Flight:
             raise error
         if isinstance(error, ConnectError):  # a re-attach that could not connect: still the cut stream
             error = StreamClosedEarly(f"the stream could not be picked up again: {error}")
-        self.cut = error
+        if self.cut is None:  # the break a re-attach mends: the failed re-attaches after it are not it
+            self.cut = error
         self.close()
         return error
 
+    def picked_up(self, exchange: AsyncExchange) -> None:
+        """A re-attach answered: the stream goes on on `exchange`, its break mended."""
+        self.exchange = exchange
+        self.cut = None
+
     def refused(self) -> InferError:
-        """A re-attach was refused: the break it would have mended, and a fresh start."""
+        """A re-attach was refused: the break it would have mended (not a re-attach that failed
+        after it), and a fresh start."""
         assert self.cut is not None
         self.stream = self.conversation = None
         return self.cut

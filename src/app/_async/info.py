@@ -54,8 +54,12 @@ class AsyncServerInfo:
         self.n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
 
     async def render(self, req: ChatRequest, token: CancelToken) -> bytes:
-        """The exact request body `chat` sends for `req` (validated, deterministic)."""
-        return build_chat_body(req, self._settings, total_slots=await self.slot_count(token))
+        """The exact request body `chat` sends for `req` (validated, deterministic): every check
+        but the slot's bound is made before the slot count is asked of the server, if it must be."""
+        body = build_chat_body(req, self._settings, total_slots=self._total_slots)
+        if self._total_slots is None:
+            check_slot(req.slot, await self.slot_count(token))
+        return body
 
     async def props(self, token: CancelToken) -> Props:
         return parse_props(await self.get(PROPS_PATH, token))
@@ -67,7 +71,9 @@ class AsyncServerInfo:
         return parse_tokens(await self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token))
 
     async def check_slot(self, slot: int, token: CancelToken) -> int:
-        """`slot`, or `RequestError` when it is not one of the server's slots."""
+        """`slot`, or `RequestError` when it is not one of the server's slots (one that is no
+        slot at all, before the slot count is asked of the server)."""
+        check_slot(slot, self._total_slots)
         return check_slot(slot, await self.slot_count(token))
 
     async def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:

@@ -284,7 +284,7 @@ class LlamaCalls:
         except BaseException:
             exchange.close()
             raise
-        flight.exchange = exchange
+        flight.picked_up(exchange)
         flight.stream.resumed(self._clock.now())
 
     def _check_stream_head(self, exchange: Exchange, head: ResponseHead) -> None:
