@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Generator, Iterator
@@ -28,8 +29,20 @@ from typing import Any, ParamSpec, TypeVar
 
 from domain.cancel import CancelToken, cancel_all
 from domain.errors import ClientClosed, InferError, RequestError
+from domain.limits import STOP_WAIT_S
 
-__all__ = ["CLOSE_WAIT_S", "AsyncCalls", "AsyncInner", "AsyncUncut", "Calls", "Inner", "TaskLink", "Uncut"]
+__all__ = [
+    "CLOSE_WAIT_S",
+    "CLOSING",
+    "AsyncCalls",
+    "AsyncInner",
+    "AsyncUncut",
+    "Calls",
+    "Inner",
+    "StopBudget",
+    "TaskLink",
+    "Uncut",
+]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -39,6 +52,25 @@ logging.getLogger("inferpath").addHandler(logging.NullHandler())
 
 # `close()` waits this long for the calls it cancelled to return.
 CLOSE_WAIT_S = 0.3
+
+
+class StopBudget:
+    """The one `STOP_WAIT_S` a close gives every stop made in its own thread while it cancels
+    (the blocking flavour ends a stream whose consumer is between two steps there and then, one
+    after another): each stop takes what it spent from `left_s`, so that the close still
+    returns within `CLOSE_WAIT_S` however many there are."""
+
+    __slots__ = ("left_s",)
+
+    def __init__(self) -> None:
+        self.left_s = STOP_WAIT_S
+
+    def spent(self, seconds: float) -> None:
+        self.left_s -= seconds
+
+
+# The budget of the close under way in this thread (or the task its wake-ups scheduled), if any.
+CLOSING: contextvars.ContextVar[StopBudget | None] = contextvars.ContextVar("inferpath_closing", default=None)
 
 
 class _Registry:
@@ -80,7 +112,11 @@ class _Registry:
         with self._lock:
             self._closed = True
             tokens = list(self._links)
-        cancel_all(tokens, ClientClosed("the client was closed while the call ran"))
+        closing = CLOSING.set(StopBudget())
+        try:
+            cancel_all(tokens, ClientClosed("the client was closed while the call ran"))
+        finally:
+            CLOSING.reset(closing)
         return bool(tokens)
 
     @property

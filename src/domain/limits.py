@@ -11,13 +11,15 @@ from typing import Final
 
 from domain.waiting import FirstByteWait
 
-__all__ = ["PROBE_TIMEOUT_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
+__all__ = ["PROBE_TIMEOUT_S", "STOP_FLOOR_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
 
 # The /slots probe answers fast or not at all; it never waits longer than this (nor than a poll).
 PROBE_TIMEOUT_S: Final = 2.0
 # Stopping a generation (`DELETE /v1/stream`) is answered at once (measured: 204 within 9 ms) or
 # not at all; a call that ends never waits longer than this for it.
 STOP_WAIT_S: Final = 0.25
+# The least a stop is given, however little a close has left: enough to connect and write it.
+STOP_FLOOR_S: Final = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +71,15 @@ class ClientLimits:
         """`reasoning_end`: made while the stream is not read, so it gets the liveness limit."""
         return FetchLimits(self.liveness_s, self.liveness_s, self.body_bytes, self.error_body_bytes)
 
-    def stop(self) -> FetchLimits:
-        """`DELETE /v1/stream`: a short bounded wait, whatever the other limits say."""
+    def stop_wait_s(self, left_s: float | None = None) -> float:
+        """How long a `DELETE /v1/stream` may take in all, its answer's head included (its body
+        is not read): `STOP_WAIT_S`, at most the liveness limit, at most what a close has left
+        for the stops it makes one after another (`left_s`), and never less than
+        `STOP_FLOOR_S`, the time to connect and write it."""
         wait = min(STOP_WAIT_S, self.liveness_s)
-        return FetchLimits(wait, wait, self.body_bytes, self.error_body_bytes)
+        if left_s is not None:
+            wait = min(wait, left_s)
+        return max(wait, STOP_FLOOR_S)
 
     @property
     def reattach_wait_s(self) -> float:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, RecordedRequest, Script, json_reply, silence, sse_reply
+from adapters.fake_server import End, FakeServer, Piece, RecordedRequest, Reply, Script, json_reply, silence, sse_reply
 from app.calls import CLOSE_WAIT_S
 from app.client import Client
 from client_support import (
@@ -29,6 +29,7 @@ from client_support import (
     CONTROL,
     REQ,
     SLOTS,
+    STOP,
     Kind,
     chunk,
     recorded,
@@ -426,3 +427,25 @@ def test_stream_with_retry_retries_like_chat_with_retry(server: FakeServer, clie
     assert [type(e) for e in events] == [Retrying, *(type(e) for e in ANSWER_EVENTS)]
     assert s.completion == ANSWER_COMPLETION
     assert len(recorded(server, CHAT)) == 2
+
+
+def test_a_stop_takes_at_most_its_wait_in_all_its_answers_body_unread(server: FakeServer, client_kind: Kind) -> None:
+    # The DELETE's head comes after 150 ms, then its body drips for seconds: the stop is done at
+    # the head, 250 ms in all at most (it used to wait as long again for the body).
+    server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
+    dripping = [Piece(0.05, b"x") for _ in range(60)]
+    server.route(*STOP, Reply(200, (("Content-Length", "60"),), dripping, head_delay_s=0.15))
+    token = CancelToken()
+    cancelled_at: list[float] = []
+
+    def on_event(event: ChatEvent) -> None:
+        if isinstance(event, Content):
+            cancelled_at.append(time.monotonic())
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        client_kind.client_for(server, liveness_ms=2000).chat(REQ, on_event, cancel=token)
+    took = time.monotonic() - cancelled_at[0]
+
+    assert 0.15 <= took < 0.25, f"{took * 1000:.0f} ms"
+    assert len(recorded(server, STOP)) == 1

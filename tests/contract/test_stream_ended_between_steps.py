@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, Reply, sse_reply
+from adapters.fake_server import End, FakeServer, Reply, silence, sse_reply
+from app.calls import CLOSE_WAIT_S
 from app.client import Client
 from app.container import Container
 from app.event_stream import CLOSED_WHILE_READ, ONE_READER
@@ -24,6 +25,7 @@ from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, co
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed
 from domain.events import ChatEvent, Content
+from domain.messages import ChatRequest
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -381,3 +383,33 @@ async def test_a_second_async_loop_refused_leaves_the_first_reading_to_the_end(s
     assert [event async for event in first] == [Content(f" w{n}") for n in range(2, 11)]
     assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
     await client.aclose()
+
+
+def test_a_close_from_a_worker_ending_streams_between_steps_returns_within_its_wait_however_stops_hang(
+    server: FakeServer,
+) -> None:
+    # The blocking flavour ends them one after another in the closing thread: their stops share
+    # one `STOP_WAIT_S`, each still written (a server that never answers one holds none up).
+    server.route(*CHAT, HELD)
+    server.route(*STOP, silence())
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
+    streams = [client.stream(ChatRequest(slot=slot, messages=REQ.messages)) for slot in (0, 1)]
+    readers = [iter(stream) for stream in streams]
+    for reader in readers:
+        assert isinstance(next(reader), Content)  # now between two steps, in its own code
+    took: list[float] = []
+
+    def close() -> None:
+        started = time.monotonic()
+        client.close()
+        took.append(time.monotonic() - started)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(5.0)
+
+    assert took and took[0] < CLOSE_WAIT_S + 0.05, f"close took {took[0] * 1000:.0f} ms"
+    assert len(recorded(server, STOP)) == 2, "every generation was stopped"
+    for reader in readers:
+        with pytest.raises(ClientClosed):
+            next(reader)

@@ -12,6 +12,8 @@ import pytest
 
 from adapters.fake_server import Reply, json_reply, sse_reply
 from adapters.fake_server.script import JSON_HEADERS, Piece
+from app.config import parse_config
+from app.container import client_limits
 from client_support import CHAT, PROPS
 from domain.errors import HttpError, Stalled
 from domain.events import ChatEvent, Retrying
@@ -72,3 +74,16 @@ def test_an_info_call_waits_load_wait_ms_for_the_head_and_the_liveness_limit_for
     # (liveness_ms 30 s): both just inside their limits.
     client, _ = client_for({PROPS: json_reply(props, head_delay_s=179.9, delay_s=29.99)})
     assert client.props().total_slots == 2
+
+
+@pytest.mark.parametrize(
+    ("liveness_ms", "left_s", "wait_s"),
+    [(5000, None, 0.25), (100, None, 0.1), (5000, 0.07, 0.07), (5000, 0.0, 0.01), (5000, -0.3, 0.01)],
+    ids=["its-own", "liveness", "a-close's-left", "spent", "overspent"],
+)
+def test_a_stop_waits_its_own_time_or_what_a_close_left_it_never_under_the_floor(
+    liveness_ms: int, left_s: float | None, wait_s: float
+) -> None:
+    limits = client_limits(parse_config({"socket": "/s", "limits": {"liveness_ms": liveness_ms}}))
+
+    assert limits.stop_wait_s(left_s) == pytest.approx(wait_s)

@@ -30,7 +30,7 @@ from collections.abc import Generator, Awaitable, Callable
 from logging import DEBUG
 from typing import TypeVar
 
-from app._sync.fetch import error_body, fetch
+from app._sync.fetch import error_body, fetch, stop
 from app._sync.flight import Flight, Refused
 from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
@@ -43,7 +43,7 @@ from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
 from domain.conversation_ids import ConversationIds
-from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly, loggable
+from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
 from domain.limits import ClientLimits
@@ -299,11 +299,9 @@ class LlamaCalls:
 
     def _stop(self, conversation: str) -> None:
         """Stop the generation of `conversation` (closing its connection no longer does): a
-        `DELETE` on a connection of its own, within `STOP_WAIT_S`, whatever the call's state."""
-        try:
-            fetch(self._transport, self._clock, "DELETE", stop_path(conversation), None, self._limits.stop())
-        except InferError as exc:
-            log.debug("stopping the generation: %s", loggable(exc))
+        `DELETE` on a connection of its own, within `STOP_WAIT_S` (one for all those a close
+        makes one after another), whatever the call's state."""
+        stop(self._transport, self._clock, stop_path(conversation), self._limits)
 
     def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
         """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Callable
 from types import TracebackType
 
@@ -200,8 +201,9 @@ class Client:
         """End every call in flight or queued (`ClientClosed`), refuse new ones, and return once
         they have ended (waiting at most `CLOSE_WAIT_S`), the transport closed (the socket it
         made ahead). Idempotent."""
+        started = time.monotonic()  # the ends made here count against the wait for the rest
         if self._calls.close_all():
-            self._calls.wait_idle(CLOSE_WAIT_S)
+            self._calls.wait_idle(max(CLOSE_WAIT_S - (time.monotonic() - started), 0.0))
         # A transport may hold something ahead of its next connect (the real one, a socket);
         # one that holds nothing need not have a `close` (it is not part of the port).
         close: Callable[[], None] | None = getattr(self._transport, "close", None)

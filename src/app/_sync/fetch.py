@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import logging
 
+from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
 from domain.errors import HttpError, InferError, Stalled, loggable
+from domain.limits import ClientLimits
 from domain.llama_api import SLOTS_PATH, slot_state, with_model
 from ports.clock import Clock
 from ports.slot_probe import SlotState
-from ports.transport import Exchange, Transport, CancelSignal
+from ports.transport import Exchange, Transport, CancelSignal, TimedOut
 
-__all__ = ["HttpSlotProbe", "error_body", "fetch", "read_all"]
+__all__ = ["HttpSlotProbe", "error_body", "fetch", "read_all", "stop"]
 
 log = logging.getLogger("inferpath.probe")
+client_log = logging.getLogger("inferpath.client")
 
 
 def fetch(
@@ -54,6 +57,35 @@ def fetch(
         return read_all(exchange, clock, limits.body_bytes, max(deadline - clock.now(), 0.0))
     finally:
         exchange.close()
+
+
+def stop(transport: Transport, clock: Clock, path: str, limits: ClientLimits) -> None:
+    """`DELETE path` within `limits.stop_wait_s` in all (of what a close under way left the stops
+    it makes one after another, if it is one of them): connected, written, and its answer's head
+    awaited for what is left (its body is not read); a failure or a refusal is logged, never raised."""
+    budget, started = CLOSING.get(), clock.now()
+    wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
+    try:
+        _stop(transport, clock, path, started + wait_s, wait_s)
+    finally:
+        if budget is not None:
+            budget.spent(clock.now() - started)
+
+
+def _stop(transport: Transport, clock: Clock, path: str, deadline: float, wait_s: float) -> None:
+    try:
+        exchange = transport.open("DELETE", path, None, timeout=wait_s)
+        try:
+            head = exchange.head(max(deadline - clock.now(), 0.0))
+        finally:
+            exchange.close()
+    except InferError as exc:
+        client_log.debug("stopping the generation: %s", loggable(exc))
+        return
+    if isinstance(head, TimedOut):
+        client_log.debug("stopping the generation: no answer within %.0f ms", wait_s * 1000)
+    elif head.status >= 300:
+        client_log.debug("stopping the generation: HTTP %d", head.status)
 
 
 def read_all(exchange: Exchange, clock: Clock, limit: int, timeout: float) -> bytes:
