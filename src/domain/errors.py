@@ -92,11 +92,17 @@ class ThinkingOverrun(InferError):
 
 
 class HttpError(InferError):
-    """A non-200 answer. `body` is kept unchanged up to 4 KiB (the caller may parse it)."""
+    """A non-200 answer. `body` is what was sent, decoded as UTF-8 (a byte that is not becomes
+    U+FFFD), up to `limit` bytes of it (4 KiB by default), cut before a character the limit
+    would split (the caller may parse it)."""
 
     def __init__(self, status: int, body: str | bytes, limit: int = ERROR_BODY_BYTES) -> None:
         raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
-        text = raw[:limit].decode("utf-8", "replace")
+        cut = limit
+        if len(raw) > limit:  # not inside a character: its continuation bytes (10xxxxxx) go too
+            while cut > max(limit - 3, 0) and raw[cut] & 0xC0 == 0x80:
+                cut -= 1
+        text = raw[:cut].decode("utf-8", "replace")
         super().__init__(f"HTTP {status}: {text[:200]}")
         self.status = status
         self.body = text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -201,3 +203,34 @@ async def test_a_malformed_request_closes_the_async_connection_made_ahead(server
     assert isinstance(link, AsyncSocketStream)
     assert link._sock.fileno() == -1
     assert server.requests == []
+
+
+async def test_an_answer_sent_before_the_server_broke_off_the_request_is_the_answer_as_in_the_blocking_one(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "refuses.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def refuse() -> None:
+        conn, _ = listener.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big")
+        conn.close()
+
+    refuser = threading.Thread(target=refuse)
+    refuser.start()
+    try:
+        exchange = await AsyncUdsTransport(path, header_bytes=16384).open("POST", "/x", b"x" * (8 << 20), timeout=2.0)
+        try:
+            head = await exchange.head(1.0)
+            assert not isinstance(head, type(TIMED_OUT))
+            assert head.status == 413
+        finally:
+            exchange.close()
+    finally:
+        refuser.join(2.0)
+        listener.close()

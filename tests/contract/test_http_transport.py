@@ -463,3 +463,42 @@ def test_a_server_feeding_bytes_slowly_is_read_in_order() -> None:
         writer.join()
         exchange.close()
         server.close()
+
+
+def test_an_answer_sent_before_the_server_broke_off_the_request_is_the_answer() -> None:
+    # A server that refuses a body too large answers 413 and closes without reading the rest:
+    # the write then fails (EPIPE), and the answer, already received, is what the exchange reads.
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def refuse() -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += server.recv(65536)
+        server.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big")
+        server.close()
+
+    refuser = threading.Thread(target=refuse)
+    refuser.start()
+    exchange = exchange_over(client, "POST", "/x", b"x" * (8 << 20), timeout=2.0, header_bytes=HEADER_BYTES)
+    refuser.join(2.0)
+    try:
+        head = exchange.head(1.0)
+        assert isinstance(head, ResponseHead)
+        assert head.status == 413
+        assert read_all(exchange, CLOCK, 1 << 20, 1.0) == b"too big"
+    finally:
+        exchange.close()
+
+
+def test_a_request_broken_off_with_no_answer_is_still_the_write_failure() -> None:
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def hang_up() -> None:
+        server.recv(65536)
+        server.close()
+
+    hanger = threading.Thread(target=hang_up)
+    hanger.start()
+    with pytest.raises(StreamClosedEarly, match="closed while the request was written"):
+        exchange_over(client, "POST", "/x", b"x" * (8 << 20), timeout=2.0, header_bytes=HEADER_BYTES)
+    hanger.join(2.0)

@@ -21,8 +21,15 @@ def test_an_error_body_that_is_not_utf8_is_kept_with_replacement_characters() ->
     assert HttpError(502, b"bad \xff body").body == "bad \ufffd body"
 
 
-def test_an_error_body_cut_inside_a_character_ends_with_a_replacement_character() -> None:
-    assert HttpError(500, "ééé", limit=3).body == "é\ufffd"
+@pytest.mark.parametrize(
+    ("body", "limit", "kept"),
+    [("ééé", 3, "é"), ("ééé", 4, "éé"), ("a😀b", 4, "a"), ("a😀b", 5, "a😀"), ("😀", 2, ""), ("€x", 1, "")],
+)
+def test_an_error_body_is_cut_before_a_character_the_limit_would_split(body: str, limit: int, kept: str) -> None:
+    error = HttpError(500, body, limit=limit)
+
+    assert error.body == kept
+    assert len(error.body.encode("utf-8")) <= limit
 
 
 def test_the_message_quotes_the_first_200_characters_of_the_body() -> None:

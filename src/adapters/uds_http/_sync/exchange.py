@@ -32,7 +32,7 @@ from typing import Final
 
 from adapters.uds_http.body import BodyReader
 from adapters.uds_http.response import Request, ResponseParser, write_failed, write_stalled
-from domain.errors import StreamClosedEarly
+from domain.errors import InferError, StreamClosedEarly
 from ports.stream import ByteStream
 from ports.transport import TIMED_OUT, CancelSignal, ResponseHead, TimedOut
 
@@ -71,12 +71,24 @@ def send(
         exchange.close()
         raise write_stalled(request, peer, timeout) from exc
     except OSError as exc:
+        if _answered_early(exchange):
+            return exchange
         exchange.close()
         raise write_failed(request, peer, exc) from exc
     except BaseException:
         exchange.close()
         raise
     return exchange
+
+
+def _answered_early(exchange: HttpExchange) -> bool:
+    """Whether a server that broke off the request had answered it first (an error, such as 413
+    for a body too large, sent before it closes without reading the rest): a whole head already
+    received is the answer, read on as any other."""
+    try:
+        return not isinstance(exchange.head(0.0), TimedOut)
+    except (OSError, InferError):
+        return False
 
 
 class HttpExchange:
