@@ -43,15 +43,20 @@ from typing import Final, TypeAlias
 
 from domain.assembler import Assembler
 from domain.completion import Completion
-from domain.errors import HttpError, InferError, ProtocolError
+from domain.errors import HttpError, InferError, ProtocolError, StreamClosedEarly
 from domain.events import ChatEvent, ThinkingCapped
 from domain.limits import StreamLimits
+from domain.llama_api import STREAM_PATH
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.thinking import Action, ThinkingCap
 from domain.waiting import Liveness
 
 # The tokens a chat template may add of its own to the caller's text: role markers, the
 # preamble that introduces the tools, a thinking block's tags. Templates add a few hundred.
+# A re-attach asks for this much of what the stream already read again, and checks that the
+# replay begins with it: a replay from the wrong place in the body (or of another body) is told
+# even where its bytes would still parse.
+REPLAY_OVERLAP_BYTES: Final = 64
 PROMPT_TEMPLATE_TOKENS: Final = 4096
 # Tokens per byte of the request body, at most (see `prompt_token_bound`).
 PROMPT_TOKENS_PER_BODY_BYTE: Final = 2
@@ -98,7 +103,18 @@ class ChatStream:
     `prompt_token_bound(len(body), n_ctx)`. Left `None`, the `total` of the server's first
     progress report is the only bound."""
 
-    __slots__ = ("_assembler", "_cap", "_decoder", "_error_bytes", "_liveness", "_over", "_reasoning", "_stalled")
+    __slots__ = (
+        "_assembler",
+        "_cap",
+        "_decoder",
+        "_error_bytes",
+        "_last",
+        "_liveness",
+        "_over",
+        "_overlap",
+        "_reasoning",
+        "_stalled",
+    )
 
     def __init__(
         self,
@@ -122,6 +138,8 @@ class ChatStream:
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False
         self._stalled = False
+        self._last = b""  # the last read that fed anything: it ends where the bytes fed end
+        self._overlap = b""  # what a re-attach's replay must begin with, still to come
 
     @property
     def completion_id(self) -> str | None:
@@ -138,20 +156,37 @@ class ChatStream:
             self._stalled = True
             raise self._liveness.error(now)
 
-    def resumed(self, now: float) -> None:
+    def replay(self, consumed: int) -> tuple[int, bytes]:
+        """Where a re-attach asks for the body from, `consumed` bytes of it read (less what a
+        replay under way had still to repeat), and what its replay must begin with: the last bytes
+        fed, at most `REPLAY_OVERLAP_BYTES` (given to `resumed`)."""
+        tail = self._last[-REPLAY_OVERLAP_BYTES:]
+        return consumed + len(self._overlap) - len(tail), tail
+
+    def resumed(self, now: float, overlap: bytes = b"") -> None:
         """The body starts (the head came: a stream is made while its request is in the air) or
         goes on, from the bytes fed so far, on another connection (a re-attach after a cut or a
-        stall): the silence limit restarts at `now`. A stream that ended (its `Completion` or an
-        error) cannot be resumed."""
+        stall): the silence limit restarts at `now`. A re-attach asks for the last bytes fed
+        again (`replay`): its replay must begin with them (`overlap`), which are checked and not
+        fed twice; a replay that begins elsewhere is a `ProtocolError`. A stream that ended (its
+        `Completion` or an error) cannot be resumed."""
         if self._over:
             raise ProtocolError("the stream is over: it cannot be resumed")
         self._stalled = False
+        self._overlap = overlap
         self._liveness.on_data(now)
 
     def feed(self, data: bytes, now: float) -> list[Step]:
         """The steps `data` (received at `now`; `b""` at the end of the body) brings."""
-        if self._over or self._stalled:
-            raise ProtocolError("the stream is over: no more bytes are taken")
+        if self._over or self._stalled or self._overlap:
+            if self._over or self._stalled:
+                raise ProtocolError("the stream is over: no more bytes are taken")
+            rest = self._past_overlap(data)
+            if not rest:
+                return []
+            self._last, data = data, rest  # the piece ends where the bytes fed now end
+        else:
+            self._last = data
         out: list[Step] = []
         try:
             if not data:
@@ -180,6 +215,22 @@ class ChatStream:
             self._over = True
             raise self._cap.control_error(refusal or "")
         return ThinkingCapped(tokens=self._cap.capped_at)  # the count the call was decided at
+
+    def _past_overlap(self, data: bytes) -> bytes:
+        """`data` past the replay's overlap, which it must match as far as it goes."""
+        want = self._overlap
+        if not data:
+            self._over = True
+            raise StreamClosedEarly(f"GET {STREAM_PATH}: the replay ended inside the bytes it was to begin with")
+        n = min(len(want), len(data))
+        if data[:n] != want[:n]:
+            self._over = True
+            raise ProtocolError(
+                f"GET {STREAM_PATH}: the replay does not begin where the stream broke"
+                f" (its first {len(want)} bytes are not the last ones read)"
+            )
+        self._overlap = want[n:]
+        return data[n:]
 
     # -- inside one feed -------------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ import pytest
 from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, not_found, silence
 from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, STOP, Kind, chunk, recorded
 from domain.cancel import CancelToken
+from domain.chat_stream import REPLAY_OVERLAP_BYTES
 from domain.completion import Completion
-from domain.errors import Cancelled, StreamClosedEarly, ThinkingOverrun
+from domain.errors import Cancelled, ProtocolError, StreamClosedEarly, ThinkingOverrun
 from domain.events import ChatEvent, Content, Progress, Retrying
 
 pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("client_kind")]
@@ -75,7 +76,7 @@ def test_a_stream_cut_mid_event_is_picked_up_where_it_broke_and_the_answer_is_ex
     (retrying,) = [e for e in events if isinstance(e, Retrying)]
     assert retrying.attempt == 2 and retrying.error.startswith("StreamClosedEarly")
     assert len(recorded(server, CHAT)) == 1, "the request is sent once"
-    assert ring.offsets == [2048], "re-attached from the bytes consumed"
+    assert ring.offsets == [2048 - REPLAY_OVERLAP_BYTES], "re-attached from the bytes consumed, less the overlap"
     assert ring.stopped == [], "an answer stops nothing"
 
 
@@ -88,7 +89,11 @@ def test_a_re_attach_cut_again_is_picked_up_again_from_the_new_offset(server: Fa
     )
 
     assert completion.content == LONG_TEXT
-    assert ring.offsets == list(range(1000, len(ring.body), 8000))
+    # Each re-attach asks again for the last bytes read (at most the overlap: the last read's),
+    # and each replay is cut 8000 bytes past where it began.
+    broke_at = [1000] + [offset + 8000 for offset in ring.offsets[:-1]]
+    assert all(0 < at - offset <= REPLAY_OVERLAP_BYTES for at, offset in zip(broke_at, ring.offsets, strict=True))
+    assert ring.offsets[-1] + 8000 >= len(ring.body)
     assert len(ring.offsets) >= 3
     assert len(recorded(server, CHAT)) == 1
     assert [e.attempt for e in events if isinstance(e, Retrying)] == list(range(2, len(ring.offsets) + 2))
@@ -179,7 +184,7 @@ def test_a_re_attach_answered_503_is_tried_again_later_and_the_answer_is_exact(
     assert not first.resend and not second.resend, "two re-attaches, no re-send"
     assert second.error.startswith("StreamClosedEarly: GET /v1/stream: the server answered 503")
     assert len(recorded(server, CHAT)) == 1
-    assert ring.offsets == [2048], "the 503 came before the ring was asked; the second got the rest"
+    assert ring.offsets == [2048 - REPLAY_OVERLAP_BYTES], "the 503 came before the ring was asked"
 
 
 def test_a_clean_end_without_the_final_chunk_is_sent_again_not_re_attached(
@@ -222,6 +227,24 @@ def test_the_cut_chat_raises_is_the_streams_not_a_failed_re_attach_before_the_re
     assert len(recorded(server, CHAT)) == 1
 
 
+@pytest.mark.parametrize("skew", [-2, 1, 3])
+def test_a_replay_from_a_few_bytes_off_is_a_protocol_error_where_its_json_would_still_parse(
+    server: FakeServer, client_kind: Kind, skew: int
+) -> None:
+    # Cut inside a content string: a few bytes off there, the events still parse, and the
+    # answer would come out silently wrong; the replay's first bytes are checked instead.
+    body = ReplayRing(LONG).body
+    inside = body.find(b'"content":" w50"') + len(b'"content":" w5')
+    ring = served(server, ReplayRing(LONG, cut_after=inside, skew=skew))
+
+    with pytest.raises(ProtocolError, match="the replay does not begin where the stream broke"):
+        client_kind.client_for(server).chat_with_retry(REQ, lambda event: None)
+
+    assert len(ring.offsets) == 1, "not retried: the server's replay is wrong"
+    assert len(recorded(server, CHAT)) == 1
+    assert ring.stopped == ring.conversations[:1], "its generation was stopped"
+
+
 def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeServer, client_kind: Kind) -> None:
     ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.SILENCE))
     events: list[ChatEvent] = []
@@ -231,7 +254,7 @@ def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeSe
     assert completion.content == LONG_TEXT
     (retrying,) = [e for e in events if isinstance(e, Retrying)]
     assert retrying.error.startswith("Stalled")
-    assert ring.offsets == [2048]
+    assert ring.offsets == [2048 - REPLAY_OVERLAP_BYTES]
 
 
 def test_a_cancelled_call_stops_its_generation(server: FakeServer, client_kind: Kind) -> None:

@@ -46,6 +46,7 @@ from client_support import (
     overridden,
     recorded,
 )
+from domain.chat_stream import REPLAY_OVERLAP_BYTES
 from domain.completion import FinishReason
 from domain.errors import HttpError, LoadTimeout, Stalled, StreamClosedEarly, WaitTimeout
 from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, Waiting
@@ -280,7 +281,9 @@ def test_a_cut_connection_mid_stream_is_stream_closed_early(server: FakeServer, 
     assert retrying.error.startswith("StreamClosedEarly: POST /v1/chat/completions: connection closed")
     (chat,) = recorded(server, CHAT)
     (reattach,) = recorded(server, ("GET", "/v1/stream"))
-    offset = sum(len(sse_event(event)) for event in ANSWER[:2])  # the body bytes read
+    read = sum(len(sse_event(event)) for event in ANSWER[:2])  # the body bytes read
+    assert len(sse_event(ANSWER[1])) > REPLAY_OVERLAP_BYTES  # whatever the reads: the last bytes read are asked again
+    offset = read - REPLAY_OVERLAP_BYTES
     assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={offset}"
     assert reattach.time - chat.time >= 0.05
 

@@ -10,9 +10,10 @@ fakes (`AsyncFakeClock` over the same `FakeClock`, `AsyncScriptedTransport`, `As
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,6 +30,7 @@ from adapters.fake_server import (
     End,
     FakeClock,
     FakeSlotProbe,
+    Piece,
     Reply,
     ScriptedTransport,
     error_reply,
@@ -42,6 +44,7 @@ from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from client_support import CHAT, CONTROL, EXPECT, SLOTS, STOP, Kind, overridden
 from client_support import chunk as stream_chunk
+from domain.chat_stream import REPLAY_OVERLAP_BYTES
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
     ConnectError,
@@ -129,6 +132,12 @@ ANSWER = [chunk({"content": "Hi"}, n=1), chunk({"content": "!"}, n=2), chunk(fin
 ANSWER_EVENTS: list[ChatEvent] = [Content("Hi"), Content("!")]
 COMPLETION = Completion(CID, "Hi!", None, (), FinishReason.STOP, Timings(3, 39, 2), 0, False)
 REATTACH = ("GET", "/v1/stream")
+
+
+def replay_of(repeated: bytes, chunks: Sequence[Mapping[str, Any]]) -> Reply:
+    """A re-attach's answer: the bytes it was asked to repeat, then `chunks`."""
+    rest = sse_reply(list(chunks))
+    return dataclasses.replace(rest, pieces=(Piece(0.0, repeated), *rest.pieces))
 
 
 # -- the first-byte wait, at the brief's limits -----------------------------------------------------
@@ -290,7 +299,8 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
     # body is picked up from the bytes consumed, and the answer is whole.
     pings = [b": ping\n\n"] * 4
     cut = sse_reply([ANSWER[0], *pings], delay_s=15.0, done=False, end=End.SILENCE)
-    rig = rig_for({CHAT: cut, REATTACH: sse_reply(ANSWER[1:]), STOP: json_reply({})})
+    # The replay repeats the last read, the ping, before the rest.
+    rig = rig_for({CHAT: cut, REATTACH: replay_of(pings[0], ANSWER[1:]), STOP: json_reply({})})
 
     completion = rig.chat()
 
@@ -300,7 +310,8 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
     assert [e for e in rig.events if not isinstance(e, Retrying)] == ANSWER_EVENTS
     chat, reattach = rig.transport.requests
     consumed = len(b"".join(sse_event(c) for c in ANSWER[:1])) + 2 * len(pings[0])
-    assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={consumed}"
+    asked = consumed - len(pings[0])  # the last read again
+    assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={asked}"
 
 
 def test_no_error_or_log_line_of_a_re_attach_holds_the_conversation_id(
@@ -310,7 +321,8 @@ def test_no_error_or_log_line_of_a_re_attach_holds_the_conversation_id(
     # path, which carries the id that lets anyone read the replay.
     cut = sse_reply(ANSWER[:1], done=False, end=End.RESET)
     cut_again = sse_reply([], done=False, end=End.RESET)
-    rig = rig_for({CHAT: cut, REATTACH: [cut_again, sse_reply(ANSWER[1:])], STOP: json_reply({})})
+    tail = sse_event(ANSWER[0])[-REPLAY_OVERLAP_BYTES:]  # the last bytes read, repeated by the replay
+    rig = rig_for({CHAT: cut, REATTACH: [cut_again, replay_of(tail, ANSWER[1:])], STOP: json_reply({})})
 
     with caplog.at_level(logging.DEBUG, logger="inferpath"):
         assert rig.chat() == COMPLETION

@@ -11,7 +11,8 @@ de-chunked response body under that id; `GET /v1/stream?conv_id=ID&from=N` answe
 body from byte N, 404 for an id it does not know, 400 for an offset it no longer holds; `DELETE`
 answers 204 and forgets the id. Here the first `POST` is cut after `cut_after`
 body bytes (`cut` says how; later requests are not cut), each re-attach is answered from the whole body (cut again after
-`reattach_cut` bytes if that is set), `forget()` plays a server restart, and `dropped` the bytes
+`reattach_cut` bytes if that is set; from `skew` bytes off its `from`, a faulty server, if that is
+set), `forget()` plays a server restart, and `dropped` the bytes
 that fell out of the ring.
 """
 
@@ -37,6 +38,7 @@ class ReplayRing:
         reattach_cut: int | None = None,
         delay_s: float = 0.0,
         done: bool = True,
+        skew: int = 0,
     ) -> None:
         pieces = [sse_event(e) for e in events]
         if done:
@@ -46,6 +48,7 @@ class ReplayRing:
         self.cut_after = cut_after
         self.cut = cut
         self.reattach_cut = reattach_cut
+        self.skew = skew  # a faulty server: each re-attach answered from `from` + skew
         self.delay_s = delay_s
         self.dropped = 0
         self._lock = threading.Lock()
@@ -83,7 +86,7 @@ class ReplayRing:
             return error_reply(404, "Stream not found or expired", "not_found_error")
         if offset < self.dropped or offset > len(self.body):
             return error_reply(400, "Stream offset lost, please restart", "invalid_request_error")
-        return self._reply(offset, self.reattach_cut)
+        return self._reply(min(max(offset + self.skew, 0), len(self.body)), self.reattach_cut)
 
     def stop(self, request: RecordedRequest) -> Reply:
         conversation = parse_qs(urlsplit(request.target).query).get("conv_id", [""])[0]

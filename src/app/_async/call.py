@@ -268,13 +268,14 @@ class AsyncLlamaCalls:
     async def _reattach(self, flight: Flight, token: CancelToken) -> None:
         """The rest of the body from the bytes consumed, on a new connection; `Refused`: 404, 400."""
         assert flight.conversation is not None and flight.stream is not None
-        wait, path = self._limits.reattach_wait_s, reattach_path(flight.conversation, flight.consumed)
+        offset, tail = flight.stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
+        wait, path = self._limits.reattach_wait_s, reattach_path(flight.conversation, offset)
         exchange = await self._transport.open("GET", path, None, timeout=wait, cancel=token)
         try:
             head = await exchange.head(wait)
             if isinstance(head, TimedOut):
                 raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
-            log.debug("re-attach from body byte %d: response head %d", flight.consumed, head.status)
+            log.debug("re-attach from body byte %d: response head %d", offset, head.status)
             if head.status in REATTACH_REFUSED:
                 raise Refused(head.status)
             if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
@@ -283,8 +284,8 @@ class AsyncLlamaCalls:
         except BaseException:
             exchange.close()
             raise
-        flight.picked_up(exchange)
-        flight.stream.resumed(self._clock.now())
+        flight.picked_up(exchange, offset)
+        flight.stream.resumed(self._clock.now(), tail)
 
     async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:
         """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""

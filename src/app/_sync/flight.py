@@ -78,9 +78,11 @@ class Flight:
         self.close()
         return error
 
-    def picked_up(self, exchange: Exchange) -> None:
-        """A re-attach answered: the stream goes on on `exchange`, its break mended."""
+    def picked_up(self, exchange: Exchange, offset: int) -> None:
+        """A re-attach answered: the stream goes on on `exchange` from body byte `offset` (a
+        little before where it broke: read again, and checked), its break mended."""
         self.exchange = exchange
+        self.consumed = offset
         self.cut = None
 
     def refused(self) -> InferError:
