@@ -60,10 +60,11 @@ class StopBudget:
     after another): each stop takes what it spent from `left_s`, so that the close still
     returns within `CLOSE_WAIT_S` however many there are."""
 
-    __slots__ = ("left_s",)
+    __slots__ = ("later", "left_s")
 
     def __init__(self) -> None:
         self.left_s = STOP_WAIT_S
+        self.later: list[Callable[[], None]] = []  # those ends, made once every wake-up has run
 
     def spent(self, seconds: float) -> None:
         self.left_s -= seconds
@@ -112,9 +113,13 @@ class _Registry:
         with self._lock:
             self._closed = True
             tokens = list(self._links)
-        closing = CLOSING.set(StopBudget())
+        budget = StopBudget()
+        closing = CLOSING.set(budget)
         try:
             cancel_all(tokens, ClientClosed("the client was closed while the call ran"))
+            for end in budget.later:  # after every wake-up: no call waiting inside I/O waits for them
+                with contextlib.suppress(Exception):
+                    end()
         finally:
             CLOSING.reset(closing)
         return bool(tokens)

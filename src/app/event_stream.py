@@ -36,6 +36,7 @@ from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 
 from app.async_event_stream import AsyncEventStream
+from app.calls import CLOSING
 from app.stream_facade import CLOSED_WHILE_READ, ONE_READER, Facade, OneReader, Step, check_sink, emit, weakly
 from domain.cancel import CancelToken
 from domain.completion import Completion
@@ -167,14 +168,22 @@ class EventStream(Facade):
     def _on_cancel(self) -> None:
         """The call's token fired. From a thread that is neither the consumer's nor the main
         one, a call between two steps (its consumer in its own code) is ended there and then:
-        its generation stopped, its connections closed, its slot given back; the next step
-        raises the token's error. In the consumer's own thread (its own code, or a signal
+        its generation stopped, its connections closed, its slot given back (by a close, once
+        it has woken every call: their ends, one after another here, share one stop wait); the
+        next step raises the token's error. In the consumer's own thread (its own code, or a signal
         handler on top of it), and in the main thread, where a signal handler may have cut into
         a lock the end takes, the next step ends it. A step under way meets the cancel in its
         own waits."""
         me = threading.get_ident()
         if me != self._reader and me != threading.main_thread().ident:
-            self._end_here(wait=False)
+            closing = CLOSING.get()
+            if closing is not None:  # a close, cancelling every call: ended once all are woken
+                closing.later.append(self._end_now)
+            else:
+                self._end_here(wait=False)
+
+    def _end_now(self) -> None:
+        self._end_here(wait=False)
 
     def _end_here(self, *, wait: bool = True, cut: Cancelled | None = None) -> None:
         """End the call in this thread, unless it ended, or another thread runs a step (`cut`,

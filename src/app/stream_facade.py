@@ -24,7 +24,10 @@ def check_sink(on_event: object) -> None:
     `RequestError` before anything is sent."""
     if not callable(on_event):
         raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
-    if inspect.iscoroutinefunction(on_event) or inspect.iscoroutinefunction(type(on_event).__call__):
+    call = type(on_event).__call__
+    if any(
+        is_async(f) for f in (on_event, call) for is_async in (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
+    ):
         raise RequestError(_AWAITABLE_SINK)
 
 
@@ -34,16 +37,17 @@ _AWAITABLE_SINK = "on_event must be a plain function: it is called with each eve
 def emit(on_event: Callable[[ChatEvent], object], event: ChatEvent) -> None:
     """Hand `event` to the caller's callback. A `StopIteration` it raises would read as the end
     of the call's steps: it is an error of the callback's; so is an awaitable it returns (the
-    event would be lost), closed unawaited."""
+    event would be lost), closed unawaited: a `TypeError`, as the callback's own errors end the
+    call (the request was sent: it is no `RequestError`)."""
     try:
         returned = on_event(event)
     except StopIteration as exc:
         raise RuntimeError(f"on_event raised StopIteration on {type(event).__name__}") from exc
-    if returned is not None and inspect.isawaitable(returned):
+    if returned is not None and (inspect.isawaitable(returned) or inspect.isasyncgen(returned)):
         close = getattr(returned, "close", None)
-        if close is not None:
+        if close is not None and not inspect.isasyncgen(returned):
             close()
-        raise RequestError(f"{_AWAITABLE_SINK}; it returned {type(returned).__name__} for {type(event).__name__}")
+        raise TypeError(f"{_AWAITABLE_SINK}; it returned {type(returned).__name__} for {type(event).__name__}")
 
 
 # Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or

@@ -11,15 +11,13 @@ from typing import Final
 
 from domain.waiting import FirstByteWait
 
-__all__ = ["PROBE_TIMEOUT_S", "STOP_FLOOR_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
+__all__ = ["PROBE_TIMEOUT_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
 
 # The /slots probe answers fast or not at all; it never waits longer than this (nor than a poll).
 PROBE_TIMEOUT_S: Final = 2.0
 # Stopping a generation (`DELETE /v1/stream`) is answered at once (measured: 204 within 9 ms) or
 # not at all; a call that ends never waits longer than this for it.
 STOP_WAIT_S: Final = 0.25
-# The least a stop is given, however little a close has left: enough to connect and write it.
-STOP_FLOOR_S: Final = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +72,13 @@ class ClientLimits:
     def stop_wait_s(self, left_s: float | None = None) -> float:
         """How long a `DELETE /v1/stream` may take in all, its answer's head included (its body
         is not read): `STOP_WAIT_S`, at most the liveness limit, at most what a close has left
-        for the stops it makes one after another (`left_s`), and never less than
-        `STOP_FLOOR_S`, the time to connect and write it."""
+        for the stops it makes one after another (`left_s`). None left: no wait, the stop still
+        written if the socket takes it at once (a Unix socket connects at once or not at all, and
+        the request is a few hundred bytes), its answer not awaited."""
         wait = min(STOP_WAIT_S, self.liveness_s)
         if left_s is not None:
             wait = min(wait, left_s)
-        return max(wait, STOP_FLOOR_S)
+        return max(wait, 0.0)
 
     @property
     def reattach_wait_s(self) -> float:

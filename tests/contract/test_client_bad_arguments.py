@@ -4,7 +4,7 @@ before anything is sent, in both flavours (each test runs over both clients, `cl
 from __future__ import annotations
 
 import functools
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -64,8 +64,14 @@ class _AsyncSink:
         return None
 
 
+async def _async_generator_sink(event: object) -> AsyncIterator[object]:
+    yield event
+
+
 @pytest.mark.parametrize(
-    "sink", [_AsyncSink(), functools.partial(_AsyncSink().__call__)], ids=["async-call-object", "partial-of-async"]
+    "sink",
+    [_AsyncSink(), functools.partial(_AsyncSink().__call__), _async_generator_sink],
+    ids=["async-call-object", "partial-of-async", "async-generator"],
 )
 def test_an_async_on_event_is_a_request_error_before_anything_is_sent(
     server: FakeServer, client_kind: Kind, sink: object
@@ -77,9 +83,11 @@ def test_an_async_on_event_is_a_request_error_before_anything_is_sent(
     assert server.requests == []
 
 
-def test_an_on_event_that_returns_an_awaitable_ends_the_call_with_a_request_error(
+def test_an_on_event_that_returns_an_awaitable_ends_the_call_with_a_type_error(
     server: FakeServer, client_kind: Kind
 ) -> None:
+    # Known only once it is called, after the request was sent: the callback's error, not a
+    # RequestError (which says nothing was sent).
     server.route(*CHAT, sse_reply(ANSWER))
     made: list[Coroutine[Any, Any, None]] = []
 
@@ -90,7 +98,7 @@ def test_an_on_event_that_returns_an_awaitable_ends_the_call_with_a_request_erro
         made.append(handle(event))
         return made[-1]
 
-    with pytest.raises(RequestError, match="it returned coroutine for Progress"):
+    with pytest.raises(TypeError, match=r"on_event must be a plain function.*it returned coroutine for Progress"):
         client_kind.client_for(server).chat(REQ, sink)
     assert [c.cr_frame for c in made] == [None], "the coroutine was closed, not left unawaited"
 

@@ -490,6 +490,31 @@ def test_an_answer_sent_before_the_server_broke_off_the_request_is_the_answer() 
         exchange.close()
 
 
+def test_an_answer_sent_by_a_server_that_then_stops_reading_is_the_answer_not_a_write_stall() -> None:
+    client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    release = threading.Event()
+
+    def refuse_and_hold() -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += server.recv(65536)
+        server.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\n\r\ntoo big")
+        release.wait(5.0)  # the connection held open, nothing more read
+        server.close()
+
+    holder = threading.Thread(target=refuse_and_hold)
+    holder.start()
+    try:
+        exchange = exchange_over(client, "POST", "/x", b"x" * (8 << 20), timeout=0.1, header_bytes=HEADER_BYTES)
+        head = exchange.head(1.0)
+        assert isinstance(head, ResponseHead)
+        assert head.status == 413
+        exchange.close()
+    finally:
+        release.set()
+        holder.join(2.0)
+
+
 def test_a_request_broken_off_with_no_answer_is_still_the_write_failure() -> None:
     client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 

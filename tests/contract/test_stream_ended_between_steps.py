@@ -9,6 +9,7 @@ and the first reads on to the completion."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import time
@@ -19,9 +20,22 @@ import pytest
 from adapters.fake_server import End, FakeServer, Reply, silence, sse_reply
 from app.calls import CLOSE_WAIT_S
 from app.client import Client
+from app.config import parse_config
 from app.container import Container
 from app.event_stream import CLOSED_WHILE_READ, ONE_READER
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
+from client_support import (
+    ANSWER,
+    ANSWER_COMPLETION,
+    CHAT,
+    EXPECT,
+    LIMITS,
+    REQ,
+    RETRY,
+    STOP,
+    chunk,
+    config_for,
+    recorded,
+)
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed
 from domain.events import ChatEvent, Content
@@ -385,16 +399,28 @@ async def test_a_second_async_loop_refused_leaves_the_first_reading_to_the_end(s
     await client.aclose()
 
 
+def many_slots(server: FakeServer, slots: int) -> Client:
+    config = parse_config(
+        {
+            "socket": server.socket_path,
+            "limits": {**LIMITS, "liveness_ms": 5000},
+            "retry": RETRY,
+            "expect": {**EXPECT, "total_slots": slots},
+        }
+    )
+    return Container(config=config).client()
+
+
+@pytest.mark.parametrize("parked", [2, 12])
 def test_a_close_from_a_worker_ending_streams_between_steps_returns_within_its_wait_however_stops_hang(
-    server: FakeServer,
+    server: FakeServer, parked: int
 ) -> None:
     # The blocking flavour ends them one after another in the closing thread: their stops share
     # one `STOP_WAIT_S`, each still written (a server that never answers one holds none up).
     server.route(*CHAT, HELD)
     server.route(*STOP, silence())
-    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
-    streams = [client.stream(ChatRequest(slot=slot, messages=REQ.messages)) for slot in (0, 1)]
-    readers = [iter(stream) for stream in streams]
+    client = many_slots(server, parked)
+    readers = [iter(client.stream(ChatRequest(slot=slot, messages=REQ.messages))) for slot in range(parked)]
     for reader in readers:
         assert isinstance(next(reader), Content)  # now between two steps, in its own code
     took: list[float] = []
@@ -409,7 +435,42 @@ def test_a_close_from_a_worker_ending_streams_between_steps_returns_within_its_w
     closer.join(5.0)
 
     assert took and took[0] < CLOSE_WAIT_S + 0.05, f"close took {took[0] * 1000:.0f} ms"
-    assert len(recorded(server, STOP)) == 2, "every generation was stopped"
+    until(lambda: len(recorded(server, STOP)) == parked, 1.0)  # every stop written (the server reads them as it can)
     for reader in readers:
         with pytest.raises(ClientClosed):
             next(reader)
+
+
+def test_a_close_wakes_the_calls_inside_a_step_before_it_ends_those_between_steps(server: FakeServer) -> None:
+    # Two streams between steps, registered first, and two calls waiting inside a read: the
+    # waiting ones are woken at once (their own stops run meanwhile), and every call has ended
+    # when close() returns.
+    server.route(*CHAT, HELD)
+    server.route(*STOP, silence())
+    client = many_slots(server, 4)
+    readers = [iter(client.stream(ChatRequest(slot=slot, messages=REQ.messages))) for slot in (0, 1)]
+    for reader in readers:
+        assert isinstance(next(reader), Content)
+    ended: list[float] = []
+    first: list[threading.Event] = [threading.Event(), threading.Event()]
+
+    def waiting(slot: int) -> None:
+        with contextlib.suppress(ClientClosed):
+            client.chat(ChatRequest(slot=slot, messages=REQ.messages), lambda event: first[slot - 2].set())
+        ended.append(time.monotonic())
+
+    inside = [threading.Thread(target=waiting, args=(slot,)) for slot in (2, 3)]
+    for thread in inside:
+        thread.start()
+    assert all(event.wait(2.0) for event in first)
+    closer = threading.Thread(target=client.close)
+    started = time.monotonic()
+    closer.start()
+    closer.join(5.0)
+    returned = time.monotonic()
+    for thread in inside:
+        thread.join(2.0)
+
+    assert returned - started < CLOSE_WAIT_S + 0.05
+    assert len(ended) == 2 and max(ended) <= returned + 0.005, "the waiting calls ended by close()'s return"
+    until(lambda: len(recorded(server, STOP)) == 4, 1.0)

@@ -67,6 +67,8 @@ async def send(
         if sent < len(data):
             await stream.send_all(data[sent:] if sent else data, max(timeout, 0.0))
     except TimeoutError as exc:
+        if await _answered_early(exchange):  # it stopped reading, its answer sent
+            return exchange
         exchange.close()
         raise write_stalled(request, peer, timeout) from exc
     except OSError as exc:
@@ -82,8 +84,8 @@ async def send(
 
 async def _answered_early(exchange: AsyncHttpExchange) -> bool:
     """Whether a server that broke off the request had answered it first (an error, such as 413
-    for a body too large, sent before it closes without reading the rest): a whole head already
-    received is the answer, read on as any other."""
+    for a body too large, sent before it closes, or stops reading, without the rest): a whole
+    head already received is the answer, read on as any other."""
     try:
         return not isinstance(await exchange.head(0.0), TimedOut)
     except (OSError, InferError):
