@@ -18,6 +18,7 @@ sync client alone says so: `SYNC.client_for(server)`.
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -165,3 +166,16 @@ STREAM_LIMITS = StreamLimits(
 def stream_limits(**changes: int) -> StreamLimits:
     """`STREAM_LIMITS` with `changes`."""
     return replace(STREAM_LIMITS, **changes)
+
+
+TOO_LARGE = b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big"
+
+
+def refuse_unread(conn: socket.socket) -> None:
+    """Play a server that refuses a body too large: read the request's head, answer 413 and
+    close, the body unread."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    conn.sendall(TOO_LARGE)
+    conn.close()

@@ -21,6 +21,7 @@ from adapters.uds_http.sockets import AsyncSocketStream
 from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from app.fetch import fetch, fetch_async
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from client_support import refuse_unread
 from domain.bodies import FetchLimits
 from domain.errors import InferError
 from ports import AsyncExchange, AsyncTransport
@@ -213,15 +214,7 @@ async def test_an_answer_sent_before_the_server_broke_off_the_request_is_the_ans
     listener.bind(path)
     listener.listen(1)
 
-    def refuse() -> None:
-        conn, _ = listener.accept()
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big")
-        conn.close()
-
-    refuser = threading.Thread(target=refuse)
+    refuser = threading.Thread(target=lambda: refuse_unread(listener.accept()[0]))
     refuser.start()
     try:
         exchange = await AsyncUdsTransport(path, header_bytes=16384).open("POST", "/x", b"x" * (8 << 20), timeout=2.0)

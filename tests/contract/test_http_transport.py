@@ -21,6 +21,7 @@ from adapters.fake_server import FakeServer, Piece, Reply
 from adapters.system import SystemClock
 from adapters.uds_http.transport import UdsExchange, UdsTransport, exchange_over
 from app.fetch import read_all
+from client_support import refuse_unread
 from domain.errors import ConnectError, InferError, ProtocolError, Stalled, StreamClosedEarly
 from ports.transport import TIMED_OUT, ResponseHead
 
@@ -470,14 +471,7 @@ def test_an_answer_sent_before_the_server_broke_off_the_request_is_the_answer() 
     # the write then fails (EPIPE), and the answer, already received, is what the exchange reads.
     client, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
-    def refuse() -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += server.recv(65536)
-        server.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 7\r\nConnection: close\r\n\r\ntoo big")
-        server.close()
-
-    refuser = threading.Thread(target=refuse)
+    refuser = threading.Thread(target=refuse_unread, args=(server,))
     refuser.start()
     exchange = exchange_over(client, "POST", "/x", b"x" * (8 << 20), timeout=2.0, header_bytes=HEADER_BYTES)
     refuser.join(2.0)
