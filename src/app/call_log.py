@@ -41,7 +41,7 @@ def retrying(slot: int, attempts: Attempts, error: InferError, now: float, *, of
     decision = attempts.next(error, now)
     if not decision.retry:
         raise error
-    how = "re-send" if offset is None else f"re-attach from body byte {offset}"
+    how = "re-send" if offset is None else f"re-attach at body byte {offset}"
     log.warning(
         "slot %d: %s as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
         slot,

@@ -94,7 +94,7 @@ def test_a_whole_answer_with_polls_a_capped_thought_and_the_cache_logs_no_text(
         ),
         pytest.param(
             sse_reply([ROLE, chunk({"content": MARKER}, n=1)], done=False, end=End.SILENCE),
-            "re-attach from body byte",
+            "re-attach at body byte",
             id="a stream that stalls",
         ),
     ],

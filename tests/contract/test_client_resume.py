@@ -136,7 +136,7 @@ def test_a_refused_re_attach_sends_the_request_again_under_a_new_id(
     assert content(after) == LONG_TEXT, "the answer from its start, once"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert [w.split(": ", 1)[1].split(" after ")[0] for w in warnings] == [
-        "re-attach from body byte 2048 as attempt 2 in 50 ms",
+        "re-attach at body byte 2048 as attempt 2 in 50 ms",
         "re-send at once within attempt 2",
     ]
 
