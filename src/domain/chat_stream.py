@@ -138,7 +138,7 @@ class ChatStream:
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False
         self._stalled = False
-        self._last = b""  # the last read that fed anything: it ends where the bytes fed end
+        self._last = b""  # the last bytes fed, at least the overlap's worth where there are as many
         self._overlap = b""  # what a re-attach's replay must begin with, still to come
 
     @property
@@ -158,8 +158,8 @@ class ChatStream:
 
     def replay(self, consumed: int) -> tuple[int, bytes]:
         """Where a re-attach asks for the body from, `consumed` bytes of it read (less what a
-        replay under way had still to repeat), and what its replay must begin with: the last bytes
-        fed, at most `REPLAY_OVERLAP_BYTES` (given to `resumed`)."""
+        replay under way had still to repeat), and what its replay must begin with: the last
+        `REPLAY_OVERLAP_BYTES` fed, across reads (fewer only when fewer came), given to `resumed`."""
         tail = self._last[-REPLAY_OVERLAP_BYTES:]
         return consumed + len(self._overlap) - len(tail), tail
 
@@ -184,9 +184,11 @@ class ChatStream:
             rest = self._past_overlap(data)
             if not rest:
                 return []
-            self._last, data = data, rest  # the piece ends where the bytes fed now end
-        else:
+            self._last, data = (self._last + rest)[-REPLAY_OVERLAP_BYTES:], rest
+        elif len(data) >= REPLAY_OVERLAP_BYTES:
             self._last = data
+        else:  # a short read: the bytes fed before it make up the overlap
+            self._last = (self._last + data)[-REPLAY_OVERLAP_BYTES:]
         out: list[Step] = []
         try:
             if not data:

@@ -41,14 +41,35 @@ def test_the_replay_is_asked_from_the_last_bytes_read_which_it_must_repeat() -> 
     assert offset == len(FIRST) - REPLAY_OVERLAP_BYTES
 
 
-def test_a_last_read_shorter_than_the_overlap_is_repeated_whole() -> None:
-    stream = stream_that_read(FIRST[:-10], FIRST[-10:])
+@pytest.mark.parametrize("last", [10, 1], ids=["a short last read", "one-byte reads"])
+def test_the_bytes_repeated_are_the_last_fed_across_reads_however_short_each(last: int) -> None:
+    # A short last read alone (the start every chunk shares, a keep-alive) would tell little.
+    reads = [FIRST[:-last]] + [FIRST[i : i + 1] for i in range(len(FIRST) - last, len(FIRST))]
+    stream = stream_that_read(*reads)
 
-    assert stream.replay(len(FIRST)) == (len(FIRST) - 10, FIRST[-10:])
+    assert stream.replay(len(FIRST)) == (len(FIRST) - REPLAY_OVERLAP_BYTES, FIRST[-REPLAY_OVERLAP_BYTES:])
+
+
+def test_fewer_bytes_than_the_overlap_read_are_repeated_whole() -> None:
+    stream = stream_that_read(FIRST[:20], FIRST[20:30])
+
+    assert stream.replay(30) == (0, FIRST[:30])
 
 
 def test_nothing_read_is_a_replay_from_the_start_with_nothing_to_repeat() -> None:
     assert stream_that_read().replay(0) == (0, b"")
+
+
+def test_after_a_replay_the_bytes_repeated_next_are_the_last_fed_across_the_cut() -> None:
+    stream = stream_that_read(FIRST)
+    offset, overlap = stream.replay(len(FIRST))
+    stream.resumed(1.0, overlap)
+    stream.feed(BODY[offset : len(FIRST) + 5], now=1.1)  # the overlap, then 5 new bytes
+
+    assert stream.replay(len(FIRST) + 5) == (
+        len(FIRST) + 5 - REPLAY_OVERLAP_BYTES,
+        BODY[len(FIRST) + 5 - 64 : len(FIRST) + 5],
+    )
 
 
 @pytest.mark.parametrize("split", [1, 7, 64, 65, 100])

@@ -299,8 +299,9 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
     # body is picked up from the bytes consumed, and the answer is whole.
     pings = [b": ping\n\n"] * 4
     cut = sse_reply([ANSWER[0], *pings], delay_s=15.0, done=False, end=End.SILENCE)
-    # The replay repeats the last read, the ping, before the rest.
-    rig = rig_for({CHAT: cut, REATTACH: replay_of(pings[0], ANSWER[1:]), STOP: json_reply({})})
+    # The replay repeats the last 64 bytes read (the two pings and the chunk's end) before the rest.
+    fed = sse_event(ANSWER[0]) + 2 * pings[0]
+    rig = rig_for({CHAT: cut, REATTACH: replay_of(fed[-REPLAY_OVERLAP_BYTES:], ANSWER[1:]), STOP: json_reply({})})
 
     completion = rig.chat()
 
@@ -309,8 +310,8 @@ def test_pings_that_come_past_the_liveness_limit_are_a_stall_picked_up_by_a_re_a
     assert retrying.error == "Stalled: no data for 30000 ms (liveness limit 30000 ms)"
     assert [e for e in rig.events if not isinstance(e, Retrying)] == ANSWER_EVENTS
     chat, reattach = rig.transport.requests
-    consumed = len(b"".join(sse_event(c) for c in ANSWER[:1])) + 2 * len(pings[0])
-    asked = consumed - len(pings[0])  # the last read again
+    consumed = len(fed)
+    asked = consumed - REPLAY_OVERLAP_BYTES
     assert reattach.target == f"/v1/stream?conv_id={chat.header('x-conversation-id')}&from={asked}"
 
 
