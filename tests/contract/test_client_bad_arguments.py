@@ -118,3 +118,15 @@ def test_with_the_slot_count_left_to_props_a_bad_request_is_refused_before_props
     with pytest.raises(RequestError, match="slot -1 is negative"):
         client.restore_slot(-1)
     assert server.requests == [], "nothing was asked of the server"
+
+
+def test_an_on_event_that_returns_an_async_generator_ends_the_call_with_a_type_error(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+
+    async def handle(event: object) -> AsyncIterator[object]:
+        yield event
+
+    with pytest.raises(TypeError, match="it returned async_generator for Progress"):
+        client_kind.client_for(server).chat(REQ, lambda event: handle(event))

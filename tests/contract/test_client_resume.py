@@ -20,7 +20,7 @@ import threading
 
 import pytest
 
-from adapters.fake_server import End, FakeServer, ReplayRing, error_reply, json_reply, not_found, silence
+from adapters.fake_server import End, FakeServer, Raw, ReplayRing, error_reply, json_reply, not_found, silence
 from client_support import ANSWER_COMPLETION, CHAT, CONTROL, REQ, SLOTS, STOP, Kind, chunk, recorded
 from domain.cancel import CancelToken
 from domain.chat_stream import REPLAY_OVERLAP_BYTES
@@ -243,6 +243,35 @@ def test_a_replay_from_a_few_bytes_off_is_a_protocol_error_where_its_json_would_
     assert len(ring.offsets) == 1, "not retried: the server's replay is wrong"
     assert len(recorded(server, CHAT)) == 1
     assert ring.stopped == ring.conversations[:1], "its generation was stopped"
+
+
+def test_a_refused_re_attach_after_a_mended_cut_raises_the_cut_after_it(server: FakeServer, client_kind: Kind) -> None:
+    # Cut A is mended by a re-attach, whose replay is cut in turn (B); the next re-attach is
+    # refused: the cut raised is B, the one it would have mended.
+    ring = served(server, ReplayRing(LONG, cut_after=1000, reattach_cut=4000))
+    answers = iter([ring.reattach, lambda request: not_found()])
+    server.route(*STREAM, lambda request: next(answers)(request))
+
+    with pytest.raises(StreamClosedEarly, match=r"^GET /v1/stream\?conv_id=\.\.\.&from=\d+: connection closed"):
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    assert len(recorded(server, CHAT)) == 1
+
+
+def test_a_stop_the_server_breaks_off_unanswered_ends_the_call_as_its_cancel(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    served(server, ReplayRing(LONG, cut_after=2048, cut=End.SILENCE))
+    server.route(*STOP, Raw((), End.RESET))  # the DELETE's connection reset, no answer
+    token = CancelToken()
+
+    def on_event(event: ChatEvent) -> None:
+        if isinstance(event, Content):
+            token.cancel()
+
+    with pytest.raises(Cancelled):
+        client_kind.client_for(server, liveness_ms=2000).chat(REQ, on_event, cancel=token)
+    assert len(recorded(server, STOP)) == 1
 
 
 def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeServer, client_kind: Kind) -> None:

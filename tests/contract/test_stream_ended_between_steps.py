@@ -14,6 +14,7 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from app.calls import CLOSE_WAIT_S
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
-from app.event_stream import CLOSED_WHILE_READ, ONE_READER
+from app.event_stream import CLOSED_WHILE_READ, ONE_READER, AsyncEventStream, EventStream
 from client_support import (
     ANSWER,
     ANSWER_COMPLETION,
@@ -139,7 +140,21 @@ def test_chat_whose_on_event_cancels_its_token_raises_cancelled(server: FakeServ
     client.close()
 
 
-def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeServer) -> None:
+def _second_reader(stream: EventStream | AsyncEventStream, how: str) -> Any:
+    """A second reader's step, as `how` makes it."""
+    if how == "loop":
+        return next(iter(stream))  # type: ignore[arg-type]
+    if how == "next":
+        return next(stream)  # type: ignore[arg-type]
+    return stream.run(ignore)
+
+
+@pytest.mark.parametrize(
+    ("reader", "second"),
+    [("loop", "loop"), ("loop", "next"), ("loop", "run"), ("bare", "loop"), ("bare", "run")],
+    ids=["loop-then-loop", "loop-then-next", "loop-then-run", "bare-steps-then-loop", "bare-steps-then-run"],
+)
+def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeServer, reader: str, second: str) -> None:
     server.route(*CHAT, SLOW)
     client = Container(config=config_for(server.socket_path)).client()
     first = threading.Event()
@@ -147,18 +162,26 @@ def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeSer
     with client.stream(REQ) as stream:
 
         def read() -> None:
-            for event in stream:
-                seen.append(event)
+            if reader == "loop":
+                for event in stream:
+                    seen.append(event)
+                    first.set()
+                return
+            while True:  # bare steps: no loop object counted
+                try:
+                    seen.append(next(stream))
+                except StopIteration:
+                    return
                 first.set()
 
-        reader = threading.Thread(target=read)
-        reader.start()
+        thread = threading.Thread(target=read)
+        thread.start()
         assert first.wait(2.0)
         until(stream._lock.locked, 1.0)  # the reader is inside its next step, waiting for the next word
         with pytest.raises(RuntimeError, match=ONE_READER):
-            next(iter(stream))
-        reader.join(2.0)
-        assert not reader.is_alive()
+            _second_reader(stream, second)
+        thread.join(2.0)
+        assert not thread.is_alive()
     assert len(seen) == 10, "the first loop read on to the end"
     assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
     client.close()
@@ -226,7 +249,14 @@ async def test_async_chat_whose_on_event_cancels_its_token_raises_cancelled(serv
 
 
 @pytest.mark.asyncio
-async def test_a_second_task_stepping_a_stream_being_read_is_refused(server: FakeServer) -> None:
+@pytest.mark.parametrize(
+    ("reader", "second"),
+    [("loop", "next"), ("loop", "run"), ("loop", "loop"), ("bare", "run"), ("bare", "loop")],
+    ids=["loop-then-next", "loop-then-run", "loop-then-loop", "bare-steps-then-run", "bare-steps-then-loop"],
+)
+async def test_a_second_task_stepping_a_stream_being_read_is_refused(
+    server: FakeServer, reader: str, second: str
+) -> None:
     server.route(*CHAT, SLOW, sse_reply(ANSWER))
     client = Container(config=config_for(server.socket_path)).async_client()
     first = asyncio.Event()
@@ -234,19 +264,51 @@ async def test_a_second_task_stepping_a_stream_being_read_is_refused(server: Fak
     async with client.stream(REQ) as stream:
 
         async def read() -> None:
-            async for event in stream:
-                seen.append(event)
+            if reader == "loop":
+                async for event in stream:
+                    seen.append(event)
+                    first.set()
+                return
+            while True:  # bare steps: no loop object counted
+                try:
+                    seen.append(await stream.__anext__())
+                except StopAsyncIteration:
+                    return
                 first.set()
 
-        reader = asyncio.ensure_future(read())
+        task = asyncio.ensure_future(read())
         await first.wait()
         await until_async(lambda: stream._steps.ag_running, 1.0)  # type: ignore[union-attr]  # the reader's next step
         with pytest.raises(RuntimeError, match=ONE_READER):
-            await anext(stream)
-        await asyncio.wait_for(reader, 2.0)
+            if second == "next":
+                await anext(stream)
+            elif second == "loop":
+                await anext(aiter(stream))
+            else:
+                await stream.run(ignore)
+        await asyncio.wait_for(task, 2.0)
     assert len(seen) == 10, "the first loop read on to the end"
     assert stream.completion.content == "".join(f" w{n}" for n in range(1, 11))
     assert await client.chat(REQ, ignore) == ANSWER_COMPLETION
+    await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_second_loop_refused_and_dropped_leaves_a_third_refused_too(server: FakeServer) -> None:
+    server.route(*CHAT, SLOW)
+    client = Container(config=config_for(server.socket_path)).async_client()
+    async with client.stream(REQ) as stream:
+        first_loop = aiter(stream)
+        assert isinstance(await anext(first_loop), Content)
+        second = aiter(stream)
+        with pytest.raises(RuntimeError, match=ONE_READER):
+            await anext(second)
+        del second
+        gc.collect()
+        with pytest.raises(RuntimeError, match=ONE_READER):
+            await anext(aiter(stream))
+        rest = [event async for event in first_loop]
+    assert len(rest) == 9
     await client.aclose()
 
 

@@ -86,14 +86,34 @@ def test_a_replay_that_repeats_them_goes_on_as_if_uncut_whatever_its_split(split
     assert [s for s in expected if isinstance(s, Content)][1:] == [s for s in steps if isinstance(s, Content)]
 
 
+@pytest.mark.parametrize("piece", [None, 1], ids=["whole", "byte-by-byte"])
 @pytest.mark.parametrize("off_by", [-2, -1, 1, 5])
-def test_a_replay_from_a_few_bytes_off_is_a_protocol_error_even_where_it_would_parse(off_by: int) -> None:
+def test_a_replay_from_a_few_bytes_off_is_a_protocol_error_even_where_it_would_parse(
+    off_by: int, piece: int | None
+) -> None:
     stream = stream_that_read(FIRST)
     offset, overlap = stream.replay(len(FIRST))
     stream.resumed(1.0, overlap)
+    replay = BODY[offset + off_by :]
+    pieces = [replay] if piece is None else [replay[i : i + 1] for i in range(len(replay))]
 
     with pytest.raises(ProtocolError, match="the replay does not begin where the stream broke"):
-        stream.feed(BODY[offset + off_by :], now=1.1)
+        for data in pieces:
+            stream.feed(data, now=1.1)
+    with pytest.raises(ProtocolError, match="the stream is over"):
+        stream.feed(BODY[len(FIRST) :], now=1.2)  # nothing more is taken, the right bytes neither
+    with pytest.raises(ProtocolError, match="cannot be resumed"):
+        stream.resumed(1.3, overlap)
+
+
+def test_a_replay_wrong_only_in_its_last_repeated_byte_is_a_protocol_error() -> None:
+    stream = stream_that_read(FIRST)
+    _, overlap = stream.replay(len(FIRST))
+    stream.resumed(1.0, overlap)
+    wrong = overlap[:-1] + bytes([overlap[-1] ^ 1]) + SECOND
+
+    with pytest.raises(ProtocolError, match="the replay does not begin where the stream broke"):
+        stream.feed(wrong, now=1.1)
 
 
 def test_a_replay_cut_inside_the_repeated_bytes_is_asked_again_from_the_same_place() -> None:
@@ -113,3 +133,9 @@ def test_a_replay_that_ends_inside_the_repeated_bytes_is_stream_closed_early() -
 
     with pytest.raises(StreamClosedEarly, match="the replay ended inside the bytes it was to begin with"):
         stream.feed(b"", now=1.2)
+    with pytest.raises(ProtocolError, match="cannot be resumed"):
+        stream.resumed(1.3, overlap)
+
+
+def test_the_overlap_is_the_64_bytes_the_readme_names() -> None:
+    assert REPLAY_OVERLAP_BYTES == 64

@@ -36,3 +36,12 @@ def test_the_message_quotes_the_first_200_characters_of_the_body() -> None:
     error = HttpError(503, "x" * 300)
     assert str(error) == "HTTP 503: " + "x" * 200
     assert error.body == "x" * 300
+
+
+def test_an_error_body_of_exactly_its_limit_is_kept_whole() -> None:
+    assert HttpError(500, b"x" * 8, limit=8).body == "x" * 8
+
+
+def test_the_cut_backs_off_at_most_three_continuation_bytes_a_character_has() -> None:
+    # Bytes that are not UTF-8: no character to keep whole past three.
+    assert HttpError(500, b"a" + b"\x80" * 8, limit=5).body == "a\ufffd"

@@ -87,6 +87,27 @@ def test_informational_responses_past_the_cap_are_refused(whole: bool) -> None:
         parser.next_head()
 
 
+def test_informational_responses_of_exactly_the_cap_are_not_refused_one_byte_more_is() -> None:
+    at_cap = ResponseParser(render("GET", "/x", None, 4 * len(CONTINUE)))
+    at_cap.receive_data(CONTINUE * 4)
+    assert at_cap.next_head() is None
+
+    over = ResponseParser(render("GET", "/x", None, 4 * len(CONTINUE) - 1))
+    over.receive_data(CONTINUE * 4)
+    with pytest.raises(ProtocolError, match="informational"):
+        over.next_head()
+
+
+def test_the_body_bytes_after_a_head_at_the_cap_do_not_count_against_it() -> None:
+    final = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    parser = ResponseParser(render("GET", "/x", None, 2 * len(CONTINUE) + len(final)))
+    parser.receive_data(CONTINUE * 2 + final + b"hello")
+
+    head = parser.next_head()
+    assert head is not None
+    assert head.status == 200
+
+
 def test_informational_responses_and_the_head_within_the_cap_are_read() -> None:
     final = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
     parser = ResponseParser(render("GET", "/x", None, 4 * len(CONTINUE) + len(final)))

@@ -5,10 +5,11 @@ twin, runs it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 
 import pytest
 
-from app.calls import AsyncUncut, Uncut
+from app.calls import AsyncInner, AsyncUncut, Uncut
 
 
 class Step:
@@ -106,3 +107,70 @@ def test_the_blocking_twin_runs_the_step_with_its_arguments() -> None:
 
     assert Uncut.run(stop, "c-1", times=2) == "stopped"
     assert ran == [("c-1", 2)]
+
+
+def test_inner_steps_running_already_are_left_to_the_close_under_way() -> None:
+    async def scene() -> bool:
+        closing = asyncio.Event()
+        ended = asyncio.Event()
+
+        async def inner() -> AsyncGenerator[int, None]:
+            try:
+                yield 1
+            finally:
+                closing.set()
+                await ended.wait()
+
+        steps = inner()
+        await anext(steps)
+        first = asyncio.ensure_future(steps.aclose())  # a close under way, inside its finally
+        await closing.wait()
+        await AsyncInner.close(steps)  # would raise "already running" if it closed them again
+        ended.set()
+        await first
+        return steps.ag_running
+
+    assert asyncio.run(scene()) is False
+
+
+def test_inner_steps_are_left_to_the_loop_while_it_closes_every_generator() -> None:
+    closed: list[str] = []
+
+    async def scene() -> None:
+        async def inner() -> AsyncGenerator[int, None]:
+            try:
+                yield 1
+            finally:
+                closed.append("by its own close")
+
+        steps = inner()
+        await anext(steps)
+        loop = asyncio.get_running_loop()
+        loop._asyncgens_shutdown_called = True  # type: ignore[attr-defined]  # as shutdown_asyncgens marks it
+        try:
+            await AsyncInner.close(steps)
+            assert closed == [], "left to the loop's own close"
+        finally:
+            loop._asyncgens_shutdown_called = False  # type: ignore[attr-defined]
+        await steps.aclose()
+
+    asyncio.run(scene())
+    assert closed == ["by its own close"]
+
+
+def test_inner_steps_otherwise_are_closed() -> None:
+    closed: list[bool] = []
+
+    async def scene() -> None:
+        async def inner() -> AsyncGenerator[int, None]:
+            try:
+                yield 1
+            finally:
+                closed.append(True)
+
+        steps = inner()
+        await anext(steps)
+        await AsyncInner.close(steps)
+
+    asyncio.run(scene())
+    assert closed == [True]
