@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from adapters.fake_server import FakeServer, sse_reply
+from adapters.fake_server import End, FakeServer, sse_reply
 from app.container import Container
-from app.event_stream import CLOSED_WHILE_READ
+from app.event_stream import CLOSED_WHILE_READ, AsyncEventStream
 from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, STOP, chunk, config_for, recorded
 from domain.errors import Cancelled
 from domain.events import ChatEvent, Content
@@ -208,3 +208,39 @@ def test_a_stream_read_on_after_the_loop_it_began_on_ended_is_an_error_not_a_cle
     with pytest.raises(RuntimeError, match="without a completion: the end of the event loop it began on closed it"):
         asyncio.run(rest())
     assert len(recorded(server, STOP)) == 1
+
+
+def test_an_aclose_from_another_event_loop_ends_the_call_and_its_reader_raises(server: FakeServer) -> None:
+    server.route(*CHAT, sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE))
+    container = Container(config=config_for(server.socket_path, liveness_ms=5000))
+    client = container.async_client()
+    streams: list[AsyncEventStream] = []
+    read_one, closed = threading.Event(), threading.Event()
+    outcome: list[BaseException] = []
+
+    def read_on_loop_one() -> None:
+        async def main() -> None:
+            stream = client.stream(REQ)
+            streams.append(stream)
+            events = aiter(stream)
+            await anext(events)
+            read_one.set()
+            while not closed.is_set():  # the consumer in its own code, between two steps
+                await asyncio.sleep(0.005)
+            try:
+                await anext(events)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        asyncio.run(main())
+
+    reader = threading.Thread(target=read_on_loop_one)
+    reader.start()
+    assert read_one.wait(2.0)
+    asyncio.run(streams[0].aclose())  # on a loop of its own
+    closed.set()
+    reader.join(2.0)
+
+    assert len(recorded(server, STOP)) == 1, "the generation was stopped"
+    assert not container.gate().held(REQ.slot), "the slot is free"
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)
