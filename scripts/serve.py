@@ -11,7 +11,8 @@ on `RUN/infer.sock`, then writes into the run folder (`.run/` of the repo unless
     slots/          slot checkpoints (`--slot-save-path`): `Client.save_slot` writes them here
 
 It prints the config's path and what to try next, then one line "serving; Ctrl-C stops it" once
-everything is ready (tests wait for that line). SIGINT or SIGTERM stops the proxy (which removes
+everything is ready (tests wait for that line), and from then on the proxy's own lines (one per
+refused connection, a summary a second past ten) as they come. SIGINT or SIGTERM stops the proxy (which removes
 the socket) and the server, and exits 0; if either dies on its own, the other is stopped and the
 exit is 1. The config, the logs and the checkpoints stay behind; the socket and `upstream` do not.
 """
@@ -86,7 +87,7 @@ def serve(run_dir: Path) -> int:
         server = llama.launch(PRESET, log_dir=run_dir / "logs", slot_save_path=run_dir / "slots")
         stack.callback(server.stop)
         upstream = f"{server.host}:{server.port}"
-        proxy = stack.enter_context(ProxyProcess(upstream, str(socket_path)))
+        proxy = stack.enter_context(ProxyProcess(upstream, str(socket_path), echo=sys.stdout))
         stack.callback(upstream_file.unlink, missing_ok=True)
         upstream_file.write_text(upstream + "\n", encoding="utf-8")
         config_path.write_text(config_text(socket_path, live_expect(socket_path)), encoding="utf-8")

@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 START_DEADLINE_S = 20.0
 
@@ -27,8 +29,15 @@ def proxy_command() -> list[str]:
 class ProxyProcess:
     """One `inferproxy` forwarding `socket_path` to `upstream`; restartable on the same path."""
 
-    def __init__(self, upstream: str, socket_path: str | None = None, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        socket_path: str | None = None,
+        extra_args: Sequence[str] = (),
+        echo: TextIO | None = None,
+    ) -> None:
         self.upstream = upstream
+        self.echo = echo  # where its lines after the start line go (`make serve`: the terminal), if anywhere
         self.extra_args = tuple(extra_args)  # more flags, e.g. a lifted accept rate for a bench
         self._folder = None if socket_path else tempfile.mkdtemp(prefix="inferproxy-")
         self.socket_path = socket_path or str(Path(self._folder or "") / "infer.sock")
@@ -55,6 +64,8 @@ class ProxyProcess:
             self.stop()
             raise RuntimeError(f"inferproxy did not start: {line!r} {rest!r} ({' '.join(argv)})")
         self.start_line = line.strip()
+        if self.echo is not None:
+            threading.Thread(target=_copy_lines, args=(process.stdout, self.echo), daemon=True).start()
         return self
 
     def kill(self) -> None:
@@ -87,3 +98,13 @@ class ProxyProcess:
             Path(self.socket_path).unlink()
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _copy_lines(source: TextIO, sink: TextIO) -> None:
+    """The proxy's lines (one per refused connection, a summary a second) as they come."""
+    try:
+        for line in source:
+            sink.write(line)
+            sink.flush()
+    except (OSError, ValueError):  # the pipe closed as the proxy stopped
+        return

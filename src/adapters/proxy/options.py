@@ -214,5 +214,10 @@ def _within(text: str, flag: str, least: float, most: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"{flag} must be a number above 0, got {text!r}")
     if not least <= value <= most:
-        raise UsageError(f"{flag} must be from {least:g} to {most:g}, got {text!r}")
+        raise UsageError(f"{flag} must be from {_plain(least)} to {_plain(most)}, got {text!r}")
     return value
+
+
+def _plain(value: float) -> str:
+    """A limit as the README writes it: `1000000`, `0.001`, never `1e+06`."""
+    return f"{value:f}".rstrip("0").rstrip(".")

@@ -441,7 +441,10 @@ def _read_plain(block: bytes) -> ResponseHead | None:
     return ResponseHead(int(block[9:12]), tuple(headers))
 
 
-_DOWN = "the server behind the socket is down or restarting (a proxy closes what it cannot forward)"
+_DOWN = (
+    "the server behind the socket is down or restarting, or a proxy refused the connection"
+    " (inferproxy closes what it cannot forward, and a connection over its limits: its log says which)"
+)
 
 
 def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
@@ -450,7 +453,8 @@ def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
 
 def write_failed(request: Request, peer: str, exc: OSError) -> StreamClosedEarly:
     return StreamClosedEarly(
-        f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)})"
+        f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)}),"
+        f" before any response byte: {_DOWN}"
     )
 
 
