@@ -51,12 +51,12 @@ from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from domain.thinking import Action, ThinkingCap
 from domain.waiting import Liveness
 
-# The tokens a chat template may add of its own to the caller's text: role markers, the
-# preamble that introduces the tools, a thinking block's tags. Templates add a few hundred.
 # A re-attach asks for this much of what the stream already read again, and checks that the
 # replay begins with it: a replay from the wrong place in the body (or of another body) is told
 # even where its bytes would still parse.
 REPLAY_OVERLAP_BYTES: Final = 64
+# The tokens a chat template may add of its own to the caller's text: role markers, the
+# preamble that introduces the tools, a thinking block's tags. Templates add a few hundred.
 PROMPT_TEMPLATE_TOKENS: Final = 4096
 # Tokens per byte of the request body, at most (see `prompt_token_bound`).
 PROMPT_TOKENS_PER_BODY_BYTE: Final = 2

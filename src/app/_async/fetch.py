@@ -65,13 +65,14 @@ async def stop(transport: AsyncTransport, clock: AsyncClock, path: str, limits: 
     budget, started = CLOSING.get(), clock.now()
     wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
     try:
-        await _stop(transport, clock, path, started + wait_s, wait_s)
+        await _stop(transport, clock, path, wait_s)
     finally:
         if budget is not None:
             budget.spent(clock.now() - started)
 
 
-async def _stop(transport: AsyncTransport, clock: AsyncClock, path: str, deadline: float, wait_s: float) -> None:
+async def _stop(transport: AsyncTransport, clock: AsyncClock, path: str, wait_s: float) -> None:
+    deadline = clock.now() + wait_s
     try:
         exchange = await transport.open("DELETE", path, None, timeout=wait_s)
         try:

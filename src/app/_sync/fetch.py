@@ -66,13 +66,14 @@ def stop(transport: Transport, clock: Clock, path: str, limits: ClientLimits) ->
     budget, started = CLOSING.get(), clock.now()
     wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
     try:
-        _stop(transport, clock, path, started + wait_s, wait_s)
+        _stop(transport, clock, path, wait_s)
     finally:
         if budget is not None:
             budget.spent(clock.now() - started)
 
 
-def _stop(transport: Transport, clock: Clock, path: str, deadline: float, wait_s: float) -> None:
+def _stop(transport: Transport, clock: Clock, path: str, wait_s: float) -> None:
+    deadline = clock.now() + wait_s
     try:
         exchange = transport.open("DELETE", path, None, timeout=wait_s)
         try:

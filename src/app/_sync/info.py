@@ -74,8 +74,8 @@ class ServerInfo:
     def check_slot(self, slot: int, token: CancelToken) -> int:
         """`slot`, or `RequestError` when it is not one of the server's slots (one that is no
         slot at all, before the slot count is asked of the server)."""
-        check_slot(slot, self._total_slots)
-        return check_slot(slot, self.slot_count(token))
+        checked = check_slot(slot, self._total_slots)
+        return checked if self._total_slots is not None else check_slot(slot, self.slot_count(token))
 
     def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
