@@ -106,7 +106,7 @@ class CachingLlama:
             return error_reply(501, "This server does not support slots action.", "not_supported_error")
         slot = int(request.path.rsplit("/", 1)[1])
         name = request.json()["filename"]
-        if request.target.endswith("action=save"):
+        if "action=save" in request.target.split("?", 1)[1].split("&"):
             self.files[name] = list(self.held[slot])
             tokens = len(self.held[slot])
             return json_reply({"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": 100 * tokens})

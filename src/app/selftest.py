@@ -140,7 +140,7 @@ def print_expect(client: Client, config_path: str | None = None) -> int:
     stderr (exit 1), so that stdout can be appended to a config file as it is: after a line break
     first if the file at `config_path` does not end with one (the block would join its last line)."""
     try:
-        props = client.props()
+        props = client.props(load=True)
     except Exception as exc:  # one line, never a traceback
         _say_error(f"FAIL props: {one_line(describe_error(exc))}")
         return 1

@@ -129,7 +129,7 @@ def describe_error(exc: Exception) -> str:
 def check_props(target: Target) -> CheckResult:
     expect = target.config.expect
     assert expect is not None
-    props = target.props = target.client.props()
+    props = target.props = target.client.props(load=True)
     pairs = [
         ("chat_template sha256", expect.chat_template_sha256, props.chat_template_sha256),
         ("n_ctx", expect.n_ctx, props.n_ctx),
@@ -212,7 +212,7 @@ def server_slots(target: Target) -> int:
     `/props` cannot be read, which check 1 has already failed on) the config's `[expect]`."""
     if target.props is None:
         try:
-            target.props = target.client.props()
+            target.props = target.client.props(load=True)
         except Exception:  # check 1 reports what is wrong with /props; the cache check goes on
             assert target.config.expect is not None
             return target.config.expect.total_slots

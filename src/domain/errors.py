@@ -112,6 +112,21 @@ class HttpError(InferError):
         return HttpError(self.status, self.body, limit)
 
 
+class ModelNotLoaded(HttpError):
+    """A llama-server router answered that the config's model is not loaded (HTTP 400 "model is
+    not loaded"), to a call that does not load models: `props()`, `slots()`, `tokenize()`,
+    `save_slot()` and `restore_slot()` never load one, so that they never evict another
+    daemon's model under `--models-max`. A chat loads it (and waits for it under
+    `load_wait_ms`); so does `props(load=True)`. Not retried."""
+
+
+def http_error(status: int, body: bytes, limit: int) -> HttpError:
+    """The error for a non-200 answer: `ModelNotLoaded` for a router's refusal to load, else `HttpError`."""
+    if status == 400 and b"model is not loaded" in body:
+        return ModelNotLoaded(status, body, limit)
+    return HttpError(status, body, limit)
+
+
 def stream_error(obj: object, body: str) -> HttpError:
     """The error a server sent inside a 200 stream: `{"error": {"code": N, ...}}`, or the older
     flat `{"code": N, ...}` of an `error:` field. The status is its code when that is an HTTP

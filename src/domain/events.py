@@ -13,14 +13,24 @@ class Queued:
     ahead: int
 
 
+class ModelWait(enum.Enum):
+    """What the server is doing with the model a request waits for (a router's, mostly)."""
+
+    LOADING = "loading"  # loading it (charged to `load_wait_ms`)
+    ASLEEP = "asleep"  # it sleeps, and the request wakes it (charged to `load_wait_ms`)
+    BEHIND = "behind"  # not loaded: the router runs another model's work first (`busy_wait_ms`)
+
+
 @dataclass(frozen=True, slots=True)
 class Waiting:
     """Sent, no byte yet; one event per slot poll. `unresponsive`: the `/slots` probe found a
     server that took the connection and answered nothing in time (paused or stuck), as opposed
-    to one that refused it or said it is loading."""
+    to one that refused it or said it is loading. `model`: what the server said it is doing
+    with the model instead (None: nothing, or it could not say)."""
 
     slot_busy: bool
     unresponsive: bool = False
+    model: ModelWait | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from domain.waiting import FirstByteWait
+from domain.waiting import Charged, FirstByteWait
 
 __all__ = ["PROBE_TIMEOUT_S", "STOP_WAIT_S", "ClientLimits", "FetchLimits", "StreamLimits"]
 
@@ -90,8 +90,12 @@ class ClientLimits:
         timeout = min(self.poll_ms / 1000.0, PROBE_TIMEOUT_S)
         return FetchLimits(timeout, timeout, self.body_bytes, self.error_body_bytes)
 
-    def first_byte_wait(self, sent: float, slot: int, queued_s: float = 0.0) -> FirstByteWait:
-        """The wait for the response head of a chat request sent at `sent`, after `queued_s` at the gate."""
+    def first_byte_wait(
+        self, sent: float, slot: int, queued_s: float = 0.0, before: Charged | None = None
+    ) -> FirstByteWait:
+        """The wait for the response head of a chat request sent at `sent`, after `queued_s` at
+        the gate and what a wait for the model to load charged `before` it."""
+        before = before or Charged()
         return FirstByteWait(
             poll_ms=self.poll_ms,
             busy_wait_ms=self.busy_wait_ms,
@@ -100,6 +104,8 @@ class ClientLimits:
             sent_at=sent,
             slot=slot,
             queued_s=queued_s,
+            loading_s=before.load_s,
+            behind_s=before.behind_s,
         )
 
     @property

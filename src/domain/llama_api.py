@@ -32,6 +32,13 @@ CHAT_PATH: Final = "/v1/chat/completions"
 CONTROL_PATH: Final = "/v1/chat/completions/control"
 SLOTS_PATH: Final = "/slots"
 PROPS_PATH: Final = "/props"
+# A router lists every model it knows here, each with its status (`loaded`, `loading`,
+# `unloaded`, `sleeping`); it never loads one to answer. A single-model server lists its one.
+MODELS_PATH: Final = "/models"
+# On a router, a request with this in its query is answered at once for a model that is not
+# loaded (400 "model is not loaded"), never by loading it (and so evicting another under
+# `--models-max`). A single-model server ignores it.
+NO_AUTOLOAD: Final = "autoload=false"
 TOKENIZE_PATH: Final = "/tokenize"
 APPLY_TEMPLATE_PATH: Final = "/apply-template"
 # A server started without `--slot-save-path` answers a slot save or restore with this.
@@ -52,11 +59,17 @@ REATTACH_LATER: Final = frozenset({503})
 _UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
-def with_model(path: str, model: str) -> str:
+def with_model(path: str, model: str, *, autoload: bool = True) -> str:
     """`path?model=<model>`, every byte of the model's UTF-8 outside RFC 3986's unreserved set
     percent-encoded: a llama-server router routes a GET by it (a single-model server ignores it;
-    a POST names the model in its body instead)."""
-    return f"{path}?model={_query(model)}"
+    a POST names the model in its body instead). Without `autoload`, a router answers for a
+    model that is not loaded at once (`ModelNotLoaded`) instead of loading it."""
+    return f"{path}?model={_query(model)}" + ("" if autoload else f"&{NO_AUTOLOAD}")
+
+
+def no_autoload(path: str) -> str:
+    """`path` (a POST's, which names the model in its body) that a router never loads a model for."""
+    return f"{path}{'&' if '?' in path else '?'}{NO_AUTOLOAD}"
 
 
 def _query(value: str) -> str:
@@ -82,8 +95,10 @@ def slot_action_path(slot: int, action: str) -> str:
     return f"{SLOTS_PATH}/{slot}?action={action}"
 
 
-def slot_action_body(filename: str) -> bytes:
-    return orjson.dumps({"filename": filename})
+def slot_action_body(filename: str, model: str) -> bytes:
+    """The body of a slot save or restore: a router routes the POST by its `model` (without it:
+    400 "model name is missing from the request"); a single-model server ignores it."""
+    return orjson.dumps({"filename": filename, "model": model})
 
 
 def stop_path(conversation_id: str) -> str:

@@ -207,9 +207,11 @@ def predict(
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def checkpoint_filename(slot: int) -> str:
-    """The file (in the server's `--slot-save-path` folder) that holds slot `slot`'s checkpoint."""
-    return f"inferpath-slot-{slot}.bin"
+def checkpoint_filename(slot: int, model: str) -> str:
+    """The file (in the server's `--slot-save-path` folder) that holds slot `slot`'s checkpoint
+    for `model`: a router's models share the folder, each with its own slot 0 (the model's name,
+    which may hold any character, as a short digest: the server takes no folders in a name)."""
+    return f"inferpath-{sha256(model.encode('utf-8')).hex()[:16]}-slot-{slot}.bin"
 
 
 def prompt_digest(tokens: Sequence[int]) -> str:

@@ -10,11 +10,13 @@ after emitting it.
 The time since the previous poll (since sending, for the first poll) is charged to the state
 seen at this poll, and each state has its own budget over the whole wait (two share one):
 
-- busy: cumulative busy time reaching `busy_wait_ms` is `WaitTimeout`;
-- unavailable (refused, loading, restarting) and unresponsive (it took the probe's connection
-  and answered nothing in time: paused or stuck) share one budget: their cumulative time
-  reaching `load_wait_ms` is `LoadTimeout`. Each is counted apart too, so the message says which
-  was seen and for how long; a wait that saw no unresponsive poll keeps the plain message;
+- busy (the slot works for another request, or a router runs another model's work before it
+  loads ours: `BEHIND`): cumulative busy time reaching `busy_wait_ms` is `WaitTimeout`;
+- unavailable (refused, restarting), loading (the model, or waking it) and unresponsive (it
+  took the probe's connection and answered nothing in time: paused or stuck) share one budget:
+  their cumulative time reaching `load_wait_ms` is `LoadTimeout`. Each is counted apart too, so
+  the message says which was seen and for how long; a wait that saw only unavailable polls
+  keeps the plain message;
 - idle with no byte yet: cumulative idle time reaching `idle_grace_ms` is `Stalled`.
 
 A change of state resets nothing, so a slot that flips between states cannot keep a request
@@ -34,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from domain.errors import InferError, LoadTimeout, Stalled, WaitTimeout
-from domain.events import Waiting
+from domain.events import ModelWait, Waiting
 from ports.slot_probe import SlotState
 
 
@@ -72,17 +74,33 @@ def _positive(name: str, value: float) -> float:
     return value
 
 
+@dataclass(slots=True)
+class Charged:
+    """What one call's waits before sending (a router loading the model for it) charged to
+    the budgets, carried into the wait for its response head so that none resets another."""
+
+    behind_s: float = 0.0
+    load_s: float = 0.0
+    loaded: bool = False  # the call has had the model loaded once
+
+    def carry(self, wait: FirstByteWait) -> None:
+        self.behind_s = wait.behind_s
+        self.load_s = wait.load_s
+
+
 class FirstByteWait:
     """The wait for the first data event of one request sent at `sent_at` (seconds), after
     `queued_s` at this client's slot gate; the limits are in milliseconds and must be positive."""
 
     __slots__ = (
+        "_behind",
         "_busy",
         "_busy_wait_ms",
         "_idle",
         "_idle_grace_ms",
         "_last",
         "_load_wait_ms",
+        "_loading",
         "_poll_s",
         "_polls",
         "_queued",
@@ -103,6 +121,8 @@ class FirstByteWait:
         sent_at: float,
         slot: int | None = None,
         queued_s: float = 0.0,
+        loading_s: float = 0.0,
+        behind_s: float = 0.0,
     ) -> None:
         self._poll_s = _positive("poll_ms", poll_ms) / 1000
         self._busy_wait_ms = _positive("busy_wait_ms", busy_wait_ms)
@@ -114,7 +134,12 @@ class FirstByteWait:
         # Time queued at this client's gate behind its own requests: the slot was busy then too,
         # and `busy_wait_ms` bounds the two together.
         self._queued = max(queued_s, 0.0)
-        self._busy = self._queued
+        # Time this call already waited behind another model's work, before sending (busy too).
+        self._behind = max(behind_s, 0.0)
+        self._busy = self._queued + self._behind
+        # Time this call already waited for a router to load the model, before sending: the
+        # load budget covers the two together.
+        self._loading = max(loading_s, 0.0)
         self._unavailable = 0.0
         self._unresponsive = 0.0
         self._unresponsive_seen = False
@@ -137,6 +162,21 @@ class FirstByteWait:
         return self._unresponsive
 
     @property
+    def behind_s(self) -> float:
+        """Time charged so far to waiting behind another model's work (part of `busy_s`)."""
+        return self._behind
+
+    @property
+    def load_s(self) -> float:
+        """Time charged so far to the load budget, all its states together."""
+        return self._unavailable + self._unresponsive + self._loading
+
+    @property
+    def loading_s(self) -> float:
+        """Time charged so far to the model loading (or waking), with what was given at the start."""
+        return self._loading
+
+    @property
     def idle_s(self) -> float:
         return self._idle
 
@@ -154,22 +194,30 @@ class FirstByteWait:
         interval = max(0.0, now - self._last)
         self._last = max(self._last, now)
         self._polls += 1
-        if state is SlotState.BUSY:
+        if state is SlotState.BUSY or state is SlotState.BEHIND:
             self._busy += interval
-            event = Waiting(slot_busy=True)
+            if state is SlotState.BUSY:
+                event = Waiting(slot_busy=True)
+            else:
+                self._behind += interval
+                event = Waiting(slot_busy=False, model=ModelWait.BEHIND)
             if _reached(self._busy, self._busy_wait_ms):
                 note = f"; {_ms(self._queued)} of it queued in this client" if self._queued else ""
+                if self._behind:
+                    note += f"; {_ms(self._behind)} of it behind another model"
                 error = WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms, note))
                 return WaitDecision(event, error)
             return WaitDecision(event)
-        if state is SlotState.UNAVAILABLE or state is SlotState.UNRESPONSIVE:
+        if state in _LOAD_STATES:
             if state is SlotState.UNAVAILABLE:
                 self._unavailable += interval
-            else:
+            elif state is SlotState.UNRESPONSIVE:
                 self._unresponsive += interval
                 self._unresponsive_seen = True
-            event = Waiting(slot_busy=False, unresponsive=state is SlotState.UNRESPONSIVE)
-            if _reached(self._unavailable + self._unresponsive, self._load_wait_ms):
+            else:
+                self._loading += interval
+            event = Waiting(slot_busy=False, unresponsive=state is SlotState.UNRESPONSIVE, model=_MODEL.get(state))
+            if _reached(self._unavailable + self._unresponsive + self._loading, self._load_wait_ms):
                 return WaitDecision(event, LoadTimeout(self._load_message()))
             return WaitDecision(event)
         event = Waiting(slot_busy=False)
@@ -187,18 +235,26 @@ class FirstByteWait:
 
     def _load_message(self) -> str:
         """The load budget's message: as it always was when every such poll was unavailable;
-        otherwise the time of each of the two states it covers."""
-        if not self._unresponsive_seen:
+        otherwise the time of each state it covers that was seen."""
+        if not self._unresponsive_seen and not self._loading:
             return self._message("was unavailable (loading or restarting)", self._unavailable, self._load_wait_ms)
         slot = "" if self._slot is None else f"slot {self._slot}: "
-        return (
-            f"{slot}the server accepted connections but answered nothing for {_ms(self._unresponsive)} "
-            f"(unresponsive: paused or stuck), unavailable for {_ms(self._unavailable)}; "
-            f"limit {self._load_wait_ms:.0f} ms for the two together; {self._sent()}"
-        )
+        parts = [f"the model was loading for {_ms(self._loading)}"] if self._loading else []
+        if self._unresponsive_seen:
+            parts.append(
+                f"the server accepted connections but answered nothing for {_ms(self._unresponsive)} "
+                "(unresponsive: paused or stuck)"
+            )
+        together = "them" if len(parts) > 1 else "the two"
+        parts[-1] += f", unavailable for {_ms(self._unavailable)}"
+        return f"{slot}{'; '.join(parts)}; limit {self._load_wait_ms:.0f} ms for {together} together; {self._sent()}"
 
     def _sent(self) -> str:
         return f"no data {_ms(self._last - self._sent_at)} after sending, {self._polls} polls"
+
+
+_LOAD_STATES = frozenset({SlotState.UNAVAILABLE, SlotState.UNRESPONSIVE, SlotState.LOADING, SlotState.ASLEEP})
+_MODEL = {SlotState.LOADING: ModelWait.LOADING, SlotState.ASLEEP: ModelWait.ASLEEP}
 
 
 class Liveness:

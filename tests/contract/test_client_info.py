@@ -77,7 +77,7 @@ def test_props_gives_the_template_its_sha256_the_slot_count_and_the_slot_context
         model_path="/models/SmolLM2-135M-Instruct.Q4_1.gguf",
     )
     (request,) = server.requests
-    assert (request.method, request.target, request.body) == ("GET", "/props?model=default", b"")
+    assert (request.method, request.target, request.body) == ("GET", "/props?model=default&autoload=false", b"")
 
 
 def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer, client_kind: Kind) -> None:
@@ -95,11 +95,12 @@ def test_info_calls_name_the_model_so_a_router_routes_them(server: FakeServer, c
     client.tokenize("")
     client_kind.probe_state(container, 0)
 
+    # None of them may load the model on a router (`autoload=false`): that could evict another's.
     assert [r.target for r in server.requests] == [
-        "/props?model=org%2FQwen3%200.6B",
-        "/slots?model=org%2FQwen3%200.6B",
-        "/tokenize",
-        "/slots?model=org%2FQwen3%200.6B",
+        "/props?model=org%2FQwen3%200.6B&autoload=false",
+        "/slots?model=org%2FQwen3%200.6B&autoload=false",
+        "/tokenize?autoload=false",
+        "/slots?model=org%2FQwen3%200.6B&autoload=false",
     ]
     assert server.requests[2].json() == {"content": "", "with_pieces": True, "model": "org/Qwen3 0.6B"}
 
@@ -217,7 +218,7 @@ def test_no_answer_within_the_load_wait_is_stalled(
     method, path, run = call
     server.route(method, path, silence())
 
-    with pytest.raises(Stalled, match=f"{method} {path}(\\?model=default)?: no answer within 150 ms"):
+    with pytest.raises(Stalled, match=f"{method} {path}\\?(model=default&)?autoload=false: no answer within 150 ms"):
         run(client_for(client_kind, server.socket_path))
 
     assert server.requests[0].client_closed.wait(2.0)

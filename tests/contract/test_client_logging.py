@@ -71,5 +71,5 @@ def test_a_failed_probe_is_a_warning_with_its_reason(
 
     probes = [r for r in caplog.records if r.name == "inferpath.probe"]
     assert probes, texts(caplog)
-    assert "slot 0: /slots probe failed (HttpError (HTTP 503)" in probes[0].getMessage()
+    assert "slot 0: /slots probe: the model is loading (HTTP 503)" in probes[0].getMessage()
     assert "Loading model" not in probes[0].getMessage(), "the server's text stays on the exception"

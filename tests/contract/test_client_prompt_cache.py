@@ -65,7 +65,11 @@ def test_a_turn_that_extends_the_last_one_is_predicted_before_it_is_sent(server:
     assert events.index(prediction) < events.index(Content(ANSWER))
     assert prediction.reused == llama.cache_n[1]  # exact, against the cache's own count
     assert not prediction.lost and prediction.cause is None
-    assert paths(server)[:3] == ["POST /apply-template", "POST /tokenize", "GET /slots?model=default"]
+    assert paths(server)[:3] == [
+        "POST /apply-template?autoload=false",
+        "POST /tokenize?autoload=false",
+        "GET /slots?model=default&autoload=false",
+    ]
     assert server.requests[1].json() == {"content": render(server.requests[3].json()), "model": "default"}
     assert paths(server)[3] == "POST /v1/chat/completions"
 
@@ -128,7 +132,7 @@ def test_a_server_that_cannot_render_turns_the_prediction_off_with_one_warning(
             assert Content(ANSWER) in events and predictions(events) == []
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["cache prediction off: the server cannot render a prompt (HTTP 404)"]
-    assert paths(server).count("POST /apply-template") == 1
+    assert paths(server).count("POST /apply-template?autoload=false") == 1
 
 
 def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeServer, client_kind: Kind) -> None:
@@ -159,7 +163,11 @@ def test_a_slots_answer_of_404_or_501_skips_one_turn_and_turns_nothing_off(
     later = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Italy?"))
     assert len(predictions(later)) == 1, "the next turn is predicted again"
     # with the last turn's rendering kept: three small requests, as every turn
-    assert paths(server)[:3] == ["POST /apply-template", "POST /tokenize", "GET /slots?model=default"]
+    assert paths(server)[:3] == [
+        "POST /apply-template?autoload=false",
+        "POST /tokenize?autoload=false",
+        "GET /slots?model=default&autoload=false",
+    ]
 
 
 @pytest.mark.parametrize("token_id", [2**31, 2**63])
@@ -199,7 +207,8 @@ def test_a_checkpoint_is_restored_by_itself_after_a_restart(
     checkpoint = client.save_slot(0)
     assert checkpoint is not None
     assert (checkpoint.slot, checkpoint.tokens) == (0, len(llama.held[0]))
-    assert checkpoint.filename == "inferpath-slot-0.bin" and checkpoint.bytes == 100 * checkpoint.tokens
+    assert checkpoint.filename.startswith("inferpath-") and checkpoint.filename.endswith("-slot-0.bin")
+    assert checkpoint.bytes == 100 * checkpoint.tokens
     llama.restart()
     del server.requests[:]
 
@@ -207,10 +216,10 @@ def test_a_checkpoint_is_restored_by_itself_after_a_restart(
 
     assert prediction.restored == checkpoint.tokens
     assert prediction.reused == llama.cache_n[1] and not prediction.lost
-    assert "POST /slots/0?action=restore" in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" in paths(server)
     assert paths(server)[-1] == "POST /v1/chat/completions"
     # the save rendered turn 1 once and kept it: this turn rendered only itself
-    assert paths(server).count("POST /apply-template") == 1
+    assert paths(server).count("POST /apply-template?autoload=false") == 1
     assert caplog.records == []  # it helped: nothing to say
 
 
@@ -222,7 +231,7 @@ def test_a_checkpoint_saved_under_another_template_is_not_restored(
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("Spain?")))
     assert (prediction.restored, prediction.cause, prediction.reused) == (0, CacheCause.SLOT_EMPTIED, 0)
-    assert "POST /slots/0?action=restore" not in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" not in paths(server)
     assert any("not restored: the server's chat template" in r.getMessage() for r in caplog.records)
 
 
@@ -246,7 +255,7 @@ def test_a_server_without_a_save_folder_turns_checkpoints_off_with_one_warning(
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         assert client.save_slot(0) is None
         assert client.save_slot(1) is None
-    assert paths(server).count("POST /slots/0?action=save") == 1
+    assert paths(server).count("POST /slots/0?action=save&autoload=false") == 1
     assert not any("action=save" in p for p in paths(server) if p.startswith("POST /slots/1"))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "--slot-save-path" in warnings[0]
@@ -380,7 +389,7 @@ def test_a_checkpoint_is_not_restored_before_a_request_that_does_not_begin_with_
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         [prediction] = predictions(turn(client, *other, AssistantMessage(ANSWER), UserMessage("More.")))
     assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED)
-    assert "POST /slots/0?action=restore" not in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" not in paths(server)
     assert any("the request does not begin with the prompt it covers" in r.getMessage() for r in caplog.records)
 
 
@@ -412,7 +421,7 @@ def test_a_server_that_cannot_render_still_saves_and_restores_a_checkpoint(
         assert checkpoint is not None and checkpoint.tokens == len(saved)
         assert checkpoint.prompt_tokens == 0
         assert client.save_slot(0) is not None  # asked to render once, and warned once
-    assert paths(server).count("POST /apply-template") == 1
+    assert paths(server).count("POST /apply-template?autoload=false") == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [f"cache prediction off: the server cannot render a prompt (HTTP {status})"]
     llama.restart()
@@ -429,7 +438,7 @@ def test_a_restore_the_server_answers_with_0_tokens_is_said_not_restored(
         llama.files[name] = []  # the file holds nothing: the server restores 0 tokens
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         [prediction] = predictions(turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?")))
-    assert "POST /slots/0?action=restore" in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" in paths(server)
     assert (prediction.restored, prediction.cause) == (0, CacheCause.SLOT_EMPTIED)
     assert any("not restored: the server restored 0 tokens" in r.getMessage() for r in caplog.records), caplog.text
 
@@ -449,6 +458,6 @@ def test_a_checkpoint_with_no_prompt_on_record_is_never_restored_by_itself(
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         events = turn(client, SYSTEM, UserMessage("And of Spain?"), AssistantMessage(ANSWER), UserMessage("Why?"))
     [prediction] = predictions(events)
-    assert "POST /slots/0?action=restore" not in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" not in paths(server)
     assert prediction.restored == 0
     assert any("not restored: it has no prompt on record" in r.getMessage() for r in caplog.records), caplog.text

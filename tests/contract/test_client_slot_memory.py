@@ -75,7 +75,7 @@ def test_a_checkpoint_one_flavour_saved_is_restored_by_the_other_after_a_restart
 
     assert prediction.restored == checkpoint.tokens
     assert prediction.reused == llama.cache_n[1] > 0 and not prediction.lost
-    assert "POST /slots/0?action=restore" in paths(server)
+    assert "POST /slots/0?action=restore&autoload=false" in paths(server)
 
 
 def test_restore_slot_in_the_other_flavour_finds_the_checkpoint(server: FakeServer, client_kind: Kind) -> None:
@@ -97,5 +97,5 @@ def test_a_server_without_a_save_folder_is_asked_and_warned_of_once_for_both(
     with caplog.at_level(logging.WARNING, logger="inferpath"):
         assert first.save_slot(0) is None
         assert second.save_slot(0) is None
-    assert paths(server).count("POST /slots/0?action=save") == 1
+    assert paths(server).count("POST /slots/0?action=save&autoload=false") == 1
     assert len([r for r in caplog.records if "--slot-save-path" in r.getMessage()]) == 1

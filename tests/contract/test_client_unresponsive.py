@@ -21,7 +21,7 @@ import pytest
 from adapters.fake_server import FakeServer, loading, silence
 from client_support import CHAT, REQ, SLOTS, Kind, recorded
 from domain.errors import LoadTimeout
-from domain.events import ChatEvent, Waiting
+from domain.events import ChatEvent, ModelWait, Waiting
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
@@ -70,8 +70,8 @@ def test_a_server_that_says_it_is_loading_is_not_called_unresponsive(
     with caplog.at_level(logging.WARNING, logger="inferpath.probe"), pytest.raises(LoadTimeout) as caught:
         client_kind.client_for(server).chat(REQ, events.append)
 
-    assert events == [Waiting(slot_busy=False, unresponsive=False)] * 2
-    assert "was unavailable (loading or restarting)" in str(caught.value)
+    assert events == [Waiting(slot_busy=False, unresponsive=False, model=ModelWait.LOADING)] * 2
+    assert "the model was loading for" in str(caught.value)
     assert "unresponsive" not in str(caught.value)
     probe_lines = [r.getMessage() for r in caplog.records if r.name == "inferpath.probe"]
-    assert probe_lines == ["slot 0: /slots probe failed (HttpError (HTTP 503))"] * 2
+    assert probe_lines == ["slot 0: /slots probe: the model is loading (HTTP 503)"] * 2

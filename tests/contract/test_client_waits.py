@@ -49,7 +49,7 @@ from client_support import (
 from domain.chat_stream import REPLAY_OVERLAP_BYTES
 from domain.completion import FinishReason
 from domain.errors import HttpError, LoadTimeout, Stalled, StreamClosedEarly, WaitTimeout
-from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, Waiting
+from domain.events import ChatEvent, Content, ModelWait, Progress, Reasoning, Retrying, Waiting
 
 pytestmark = [pytest.mark.timeout(10), pytest.mark.usefixtures("client_kind")]
 
@@ -136,13 +136,14 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(
         server.route(*SLOTS, Raw((), End.CLOSE))
     events: list[ChatEvent] = []
     try:
-        with overridden() as make, pytest.raises(LoadTimeout, match="unavailable"):
+        with overridden() as make, pytest.raises(LoadTimeout, match="unavailable|loading"):
             client_kind.client_of(make(config, **overrides)).chat(REQ, events.append)
     finally:
         if refusing is not None:
             refusing.close()
 
-    assert events == [Waiting(slot_busy=False)] * 2
+    loading_said = ModelWait.LOADING if how == "503 loading" else None
+    assert events == [Waiting(slot_busy=False, model=loading_said)] * 2
     (request,) = recorded(server, CHAT)
     assert request.client_closed.wait(2.0)
 
@@ -153,7 +154,7 @@ def test_slots_503_while_loading_then_the_server_answers_completes(server: FakeS
 
     completion = client_kind.client_for(server, poll_ms=50, load_wait_ms=200).chat(REQ, events.append)
 
-    assert events == [Waiting(slot_busy=False), Waiting(slot_busy=False), *ANSWER_EVENTS]
+    assert events == [Waiting(slot_busy=False, model=ModelWait.LOADING)] * 2 + ANSWER_EVENTS
     assert completion == ANSWER_COMPLETION
 
 

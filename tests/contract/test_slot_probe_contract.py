@@ -149,7 +149,6 @@ def test_a_negative_slot_is_a_bug(any_probe: ProbeHarness) -> None:
 # -- the real probe: every server fault is unavailable, silence unresponsive ---------------------
 
 FAULTS: dict[str, RouteItem] = {
-    "503 while the model loads": loading(),
     "501 with --no-slots": error_reply(501, "This server does not support slots endpoint.", "not_supported_error"),
     "404": error_reply(404, "File Not Found", "not_found_error"),
     "malformed JSON": Reply(pieces=[Piece(0, b"[{")]),
@@ -212,7 +211,6 @@ def test_silence_is_unresponsive_within_the_probes_own_timeout(
 
 
 LOUD_FAULTS: dict[str, tuple[RouteItem, str]] = {
-    "503 while the model loads": (loading(), "slot 0: /slots probe failed (HttpError (HTTP 503))"),
     "a cut before the head": (Raw((), End.CLOSE), "slot 0: /slots probe failed (StreamClosedEarly: "),
     "a cut inside the body": (
         Reply(headers=[("Content-Length", "100")], pieces=[Piece(0, b"[")]),
@@ -252,7 +250,7 @@ def test_a_refused_connection_is_unavailable_not_unresponsive(
 
 def test_a_server_that_falls_silent_then_answers_again_is_followed(real_probe: ProbeHarness) -> None:
     real_probe.serve(slots_reply([True]), silence(), loading(), slots_reply([False]))
-    assert [real_probe.probe.state(0) for _ in range(4)] == [BUSY, UNRESPONSIVE, UNAVAILABLE, IDLE]
+    assert [real_probe.probe.state(0) for _ in range(4)] == [BUSY, UNRESPONSIVE, SlotState.LOADING, IDLE]
 
 
 def test_each_probe_asks_get_slots_on_its_own_connection_and_closes_it(real_probe: ProbeHarness) -> None:
@@ -267,7 +265,28 @@ def test_each_probe_asks_get_slots_on_its_own_connection_and_closes_it(real_prob
 
 def test_the_answer_follows_the_server_from_one_probe_to_the_next(real_probe: ProbeHarness) -> None:
     real_probe.serve(loading(), slots_reply([True]), slots_reply([False]))
-    assert [real_probe.probe.state(0) for _ in range(4)] == [UNAVAILABLE, BUSY, IDLE, IDLE]
+    assert [real_probe.probe.state(0) for _ in range(4)] == [SlotState.LOADING, BUSY, IDLE, IDLE]
+
+
+def test_a_server_that_says_it_is_loading_is_loading_and_logged_so(
+    real_probe: ProbeHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 503 "Loading model" (a single-model server, or a router's child), and the router's own
+    # plain-text 500 while a child starts, both say the model is on its way.
+    real_probe.serve(
+        loading(),
+        Reply(
+            status=500,
+            headers=[("Content-Type", "text/plain")],
+            pieces=[Piece(0, b"proxy error: Could not establish connection")],
+        ),
+    )
+    with caplog.at_level(logging.WARNING, logger="inferpath.probe"):
+        assert [real_probe.probe.state(0) for _ in range(2)] == [SlotState.LOADING] * 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "slot 0: /slots probe: the model is loading (HTTP 503)",
+        "slot 0: /slots probe: the model is loading (HTTP 500)",
+    ]
 
 
 def test_a_slot_with_full_llama_server_fields_is_read(real_probe: ProbeHarness) -> None:

@@ -11,8 +11,12 @@ Presets (all on 127.0.0.1, a free port, ``-t 2``, ``--no-webui``, the SSE ping i
 - ``tools``: the small model under ``Qwen-Qwen3-0.6B.jinja``. It does not think and does not call
   tools on its own; ending the messages with an assistant message holding ``TOOL_PREFILL`` makes
   the server complete the call and parse it (``finish_reason`` ``tool_calls``).
-- ``router``: no ``-m``; ``--models-dir`` is the cache folder holding only the small model, whose
-  router name is ``ROUTER_MODEL``. Loads it on the first request that names it.
+- ``router``: the brief's deployment. No ``-m``; ``--models-dir`` is the cache folder holding only
+  the small model (router name ``ROUTER_MODEL``), and ``--models-preset`` names two more models
+  made from the same file: ``ROUTER_TOOLS`` (the ``tools`` template) and ``ROUTER_THINKING`` (the
+  ``thinking`` one). ``--models-max 1``: a request for one model swaps out the other. The
+  context is set per model in the preset (a ``-c`` on the router's command line would override
+  every preset's); the template too. Loads a model on the first request that names it.
 
 Both model presets run 2 slots over ``-c 8192`` with ``--no-kv-unified``: per-slot ``n_ctx`` 4096;
 every server keeps slot checkpoints in a ``slots`` folder of its log folder (``--slot-save-path``).
@@ -100,6 +104,23 @@ def _load_setup_script() -> ModuleType:
 
 setup = _load_setup_script()
 ROUTER_MODEL = str(setup.MODEL_FILE).removesuffix(".gguf")
+
+
+ROUTER_TOOLS = "tools-model"
+ROUTER_THINKING = "thinking-model"
+ROUTER_MODELS_MAX = 1
+
+
+def router_presets(found: Any) -> str:
+    """The router's `--models-preset` file: every model's context and template, and the two
+    models made from the small model's file."""
+    model = found.model
+    return (
+        "version = 1\n\n"
+        f"[*]\nc = {CONTEXT}\nchat-template-file = {found.template(TOOLS_TEMPLATE)}\n\n"
+        f"[{ROUTER_TOOLS}]\nmodel = {model}\n\n"
+        f"[{ROUTER_THINKING}]\nmodel = {model}\nchat-template-file = {found.template(THINKING_TEMPLATE)}\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -282,20 +303,22 @@ def server_argv(
     template: str | None = None,
     extra_args: Sequence[str] = (),
     slot_save_path: Path | None = None,
+    presets_file: Path | None = None,
 ) -> list[str]:
     found = paths()
     argv = [str(found.binary)]
     if preset.router:
-        argv += ["--models-dir", str(found.models_dir)]
+        if presets_file is None:
+            raise ValueError("a router needs its --models-preset file")
+        argv += ["--models-dir", str(found.models_dir), "--models-preset", str(presets_file)]
+        argv += ["--models-max", str(ROUTER_MODELS_MAX)]
     else:
-        argv += ["-m", str(found.model), "--alias", ALIAS]
+        argv += ["-m", str(found.model), "--alias", ALIAS, "-c", str(context)]
     argv += [
         "--host",
         HOST,
         "--port",
         str(port),
-        "-c",
-        str(context),
         "-np",
         str(slots),
         "--no-kv-unified",
@@ -306,7 +329,7 @@ def server_argv(
         str(ping_interval),
     ]
     chosen = template if template is not None else preset.template
-    if chosen is not None:
+    if chosen is not None and not preset.router:  # a router's templates are in its presets
         argv += ["--chat-template-file", str(found.template(chosen))]
     if slot_save_path is not None:
         argv += ["--slot-save-path", str(slot_save_path)]
@@ -361,6 +384,10 @@ def launch(
     directory.mkdir(parents=True, exist_ok=True)
     saves = slot_save_path if slot_save_path is not None else directory / "slots"
     saves.mkdir(parents=True, exist_ok=True)
+    presets = None
+    if chosen.router:
+        presets = directory / "presets.ini"
+        presets.write_text(router_presets(paths()), encoding="utf-8")
     attempts = 3 if port is None else 1  # a free port can be taken between probing and binding
     for attempt in range(1, attempts + 1):
         chosen_port = free_port() if port is None else port
@@ -373,6 +400,7 @@ def launch(
             template=template,
             extra_args=extra_args,
             slot_save_path=saves,
+            presets_file=presets,
         )
         log_path = directory / f"llama-server-{preset}-{chosen_port}-{attempt}-{time.monotonic_ns()}.log"
         log_file = log_path.open("wb")

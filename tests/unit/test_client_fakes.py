@@ -55,7 +55,7 @@ from domain.errors import (
     ThinkingOverrun,
     WaitTimeout,
 )
-from domain.events import ChatEvent, Content, Progress, Reasoning, Retrying, ThinkingCapped, Waiting
+from domain.events import ChatEvent, Content, ModelWait, Progress, Reasoning, Retrying, ThinkingCapped, Waiting
 from domain.hashing import sha256
 from domain.messages import ChatRequest, UserMessage
 from ports import SlotState
@@ -248,10 +248,11 @@ def test_a_load_then_a_pause_share_the_load_budget_and_the_message_names_both(ri
         rig.chat()
 
     assert str(caught.value) == (
-        "slot 1: the server accepted connections but answered nothing for 130000 ms (unresponsive: paused or stuck), "
-        "unavailable for 50000 ms; limit 180000 ms for the two together; no data 180000 ms after sending, 36 polls"
+        "slot 1: the model was loading for 50000 ms; "
+        "the server accepted connections but answered nothing for 130000 ms (unresponsive: paused or stuck), "
+        "unavailable for 0 ms; limit 180000 ms for them together; no data 180000 ms after sending, 36 polls"
     )
-    assert rig.events == [Waiting(False)] * 10 + [UNRESPONSIVE] * 26
+    assert rig.events == [Waiting(False, model=ModelWait.LOADING)] * 10 + [UNRESPONSIVE] * 26
     assert rig.clock.now() == pytest.approx(182.0)
 
 

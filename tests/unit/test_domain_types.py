@@ -90,7 +90,7 @@ def test_events_are_frozen_with_the_briefs_field_names() -> None:
     fields = {type(e).__name__: [f.name for f in dataclasses.fields(e)] for e in events}
     assert fields == {
         "Queued": ["ahead"],
-        "Waiting": ["slot_busy", "unresponsive"],  # the brief's field first, so Waiting(True) still builds
+        "Waiting": ["slot_busy", "unresponsive", "model"],  # the brief's field first, so Waiting(True) still builds
         "Progress": ["total", "cache", "processed"],
         "Reasoning": ["text"],
         "Content": ["text"],
@@ -106,7 +106,7 @@ def test_events_are_frozen_with_the_briefs_field_names() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         events[0].ahead = 3  # type: ignore[misc]
     assert Content("a") == Content("a")
-    assert Waiting(True) == Waiting(slot_busy=True, unresponsive=False)
+    assert Waiting(True) == Waiting(slot_busy=True, unresponsive=False, model=None)
 
 
 def test_messages_have_the_four_kinds_and_defaults() -> None:

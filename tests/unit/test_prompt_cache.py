@@ -235,7 +235,7 @@ PROPS = Props("template", "a" * 64, total_slots=2, n_ctx=4096, model_alias="m", 
 def checkpoint(**changes: object) -> Checkpoint:
     fields: dict[str, object] = {
         "slot": 0,
-        "filename": checkpoint_filename(0),
+        "filename": checkpoint_filename(0, "m"),
         "tokens": 399,
         "bytes": 1 << 20,
         "template_sha256": "a" * 64,
@@ -282,7 +282,10 @@ def test_a_checkpoint_with_no_prompt_on_record_goes_back_only_by_hand() -> None:
 def test_the_model_falls_back_to_the_alias_and_the_file_names_the_slot() -> None:
     alias_only = Props("template", "a" * 64, total_slots=2, n_ctx=4096, model_alias="m")
     assert restore_refusal(checkpoint(model="m"), alias_only, None) is None
-    assert checkpoint_filename(3) == "inferpath-slot-3.bin"
+    name = checkpoint_filename(3, "m")
+    assert name.startswith("inferpath-") and name.endswith("-slot-3.bin") and "/" not in name
+    # A router's models share one save folder: each model's slot 3 has a file of its own.
+    assert checkpoint_filename(3, "other") != name != checkpoint_filename(2, "m")
     assert prompt_digest([1, 2]) != prompt_digest([2, 1])
 
 

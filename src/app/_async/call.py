@@ -2,10 +2,9 @@
 `Completion` (retried or not), and the small calls. The one source of the call: the blocking
 twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
-A chat (the brief, section 4): gate (Queued, at most busy_wait_ms) -> the cache prediction
-(`AsyncPromptCache.before`: CachePrediction, a checkpoint restored into an emptied slot) -> open +
-send -> first-byte wait (a /slots poll each poll_ms: Waiting) -> the stream, fed to
-`domain.chat_stream` (liveness, thinking cap: reasoning_end on a second connection) -> Completion
+A chat (the brief, section 4): gate (Queued) -> cache prediction (CachePrediction, a checkpoint
+restored; a router's model loaded first: Waiting) -> send -> head wait (a probe each poll_ms:
+Waiting) -> the stream, fed to `domain.chat_stream` (liveness, thinking cap) -> Completion
 
 Every rule lives in the domain (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`, ...),
 every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports. Invariants:
@@ -14,11 +13,11 @@ every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports
   request, so it is the brief's "first byte"), the silence the stream allows.
 - Nothing is returned before the final chunk. Every way out closes the stream's connection,
   stops the generation (a `DELETE`: closing no longer does) and gives the slot back.
-- A retry sends the very same bytes: the body is rendered once per call, and each attempt goes
-  back through the slot gate (never held across a retry wait).
+- A retry sends the very same bytes (rendered once per call) back through the slot gate.
 - Every I/O step takes the call's `CancelToken`: the blocking flavour is woken by it in whatever
   phase it is, and a cancelled call never sends a request or starts a retry.
-- Every request names the model (`?model=` on a GET, `model` in a POST body), for a router.
+- Every request names the model (`?model=` on a GET, `model` in a POST body), for a router;
+  only the chat's own requests may load it.
 - Log lines carry statuses, error types, counts and times, never the server's text (`loggable`).
 """
 
@@ -29,7 +28,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from logging import DEBUG
 from typing import TypeVar
 
-from app._async.fetch import error_body, fetch, stop
+from app._async.fetch import check_stream_head, fetch, stop
 from app._async.flight import Flight, Refused
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
@@ -42,7 +41,7 @@ from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
 from domain.conversation_ids import ConversationIds
-from domain.errors import ConnectError, HttpError, InferError, Stalled, StreamClosedEarly
+from domain.errors import ConnectError, InferError, Stalled, StreamClosedEarly
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
 from domain.limits import ClientLimits
@@ -53,7 +52,6 @@ from domain.llama_api import (
     REATTACH_REFUSED,
     STREAM_PATH,
     control_refusal,
-    not_a_stream,
     reattach_later,
     reattach_path,
     stop_path,
@@ -65,7 +63,7 @@ from domain.retry import Attempts, RetryPolicy
 from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
-from ports.transport import AsyncExchange, AsyncTransport, Link, ResponseHead, TimedOut
+from ports.transport import AsyncExchange, AsyncTransport, TimedOut
 
 T = TypeVar("T")
 
@@ -93,7 +91,7 @@ class AsyncLlamaCalls:
         memory: SlotMemory | None = None,
     ) -> None:
         self._transport = transport
-        self._probe = probe
+        self.probe = probe
         self._clock = clock
         self._queue = queue
         self._retry = retry_policy
@@ -123,16 +121,14 @@ class AsyncLlamaCalls:
         return retrying(slot, attempts, error, self._clock.now(), offset=offset)
 
     async def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool, link: Link | None
+        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool, flight: Flight
     ) -> AsyncGenerator[Step, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
         or stalled after its head is re-attached (`_take_off`) and fed on into the same
         `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
-        slot = req.slot
-        clock = self._clock
+        slot, clock = req.slot, self._clock
         ticket = self._queue.enter(slot)
-        flight = Flight(link)  # `link`: a connection made ahead (`link_ahead`), used if nothing waits
         try:
             if ticket.ahead:
                 flight.close()  # not held through a wait at the gate
@@ -140,7 +136,7 @@ class AsyncLlamaCalls:
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
                 flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
-            prediction, rendered = await self.cache.before(req, body, token)
+            prediction, rendered = await self.cache.before(req, body, token, loaded=flight.loaded)
             if prediction is not None:
                 yield prediction
             while True:
@@ -203,7 +199,7 @@ class AsyncLlamaCalls:
                     conversation, exchange, stream, wait = await self._open(req, body, flight, token)
                     try:
                         while isinstance(head := await exchange.head(wait.timeout(now())), TimedOut):
-                            decision = wait.on_poll(now(), await self._probe.state(slot, token))
+                            decision = wait.on_poll(now(), await self.probe.state(slot, token))
                             token.raise_if_cancelled()
                             yield decision.event
                             if decision.error is not None:
@@ -212,7 +208,7 @@ class AsyncLlamaCalls:
                             log.debug("slot %d: response head %d after %.0f ms", slot, head.status, wait.age_ms(now()))
                         if head.status != 200:
                             flight.generating = None  # an error answer: nothing runs
-                        await self._check_stream_head(exchange, head)
+                        await check_stream_head(exchange, head, self._clock, self._limits)
                     except BaseException:
                         exchange.close()
                         raise
@@ -260,7 +256,8 @@ class AsyncLlamaCalls:
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            return conversation, exchange, stream, limits.first_byte_wait(sent, req.slot, flight.take_queued())
+            wait = limits.first_byte_wait(sent, req.slot, flight.take_queued(), flight.take_charged())
+            return conversation, exchange, stream, wait
         except BaseException:
             exchange.close()
             raise
@@ -280,22 +277,12 @@ class AsyncLlamaCalls:
                 raise Refused(head.status)
             if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
                 raise later
-            await self._check_stream_head(exchange, head)
+            await check_stream_head(exchange, head, self._clock, self._limits)
         except BaseException:
             exchange.close()
             raise
         flight.picked_up(exchange, offset)
         flight.stream.resumed(self._clock.now(), tail)
-
-    async def _check_stream_head(self, exchange: AsyncExchange, head: ResponseHead) -> None:
-        """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
-        limits, clock = self._limits, self._clock
-        if head.status != 200:
-            kept = await error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
-            raise HttpError(head.status, kept, limits.error_body_bytes)
-        refused = not_a_stream(head, exchange.what)
-        if refused is not None:
-            raise refused
 
     async def _stop(self, conversation: str) -> None:
         """Stop the generation of `conversation` (closing its connection no longer does): a

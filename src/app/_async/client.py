@@ -28,6 +28,7 @@ from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
 from app._async.call import AsyncLlamaCalls
+from app._async.flight import Flight
 from app.calls import CLOSE_WAIT_S, AsyncCalls, AsyncInner
 from app.event_stream import AsyncEventStream, Step, check_sink
 from app.slot_memory import SlotMemory
@@ -35,7 +36,7 @@ from app.slot_queue import AsyncSlotQueue
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import InferError
+from domain.errors import InferError, ModelNotLoaded
 from domain.events import ChatEvent
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -44,6 +45,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
+from domain.waiting import Charged
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncTransport
@@ -127,19 +129,26 @@ class AsyncClient:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
             attempts = llama.attempts()
             body: bytes | None = None
+            charged = Charged()
             while True:
                 link = None
                 try:
                     if body is None:
                         link = await llama.info.link_ahead(token)  # connecting while the body renders
                         body = await llama.info.render(req, token)
-                    steps = llama.attempt(req, body, token, attempts, resend=retry, link=link)
+                    flight = Flight(link, charged)  # `link`: a connection made ahead, used if nothing waits
+                    steps = llama.attempt(req, body, token, attempts, resend=retry, flight=flight)
                     try:
                         async for step in steps:
                             yield step
                     finally:
                         await AsyncInner.close(steps)
                     return
+                except ModelNotLoaded:  # a router asked without loading (the slot count, the prediction)
+                    if charged.loaded:
+                        raise  # evicted again at once: not waited for twice
+                    async for waiting in llama.info.load(llama.probe, req.slot, token, charged):
+                        yield waiting  # loaded for this chat, which would load it anyway
                 except InferError as error:
                     if not retry or token.cancelled:
                         raise
@@ -165,11 +174,15 @@ class AsyncClient:
             token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
             return await self._llama.info.render(req, token)
 
-    async def props(self, cancel: CancelToken | None = None) -> Props:
+    async def props(self, cancel: CancelToken | None = None, *, load: bool = False) -> Props:
+        """What `/props` says of the config's model. On a llama-server router that has not
+        loaded it: `ModelNotLoaded`, unless `load` (then the router loads it, which may evict
+        another model under `--models-max`; the head awaited up to `load_wait_ms`)."""
         async with self._calls.scope(cancel) as token:
-            return await self._llama.info.props(token)
+            return await self._llama.info.props(token, load=load)
 
     async def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
+        """The server's slots; `ModelNotLoaded` from a router that has not loaded the model."""
         async with self._calls.scope(cancel) as token:
             return await self._llama.info.slots(token)
 

@@ -34,7 +34,7 @@ from app.call_log import log_done
 from app.slot_memory import SlotMemory
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import HttpError, InferError, RequestError, loggable
+from domain.errors import HttpError, InferError, ModelNotLoaded, RequestError, loggable
 from domain.events import CacheCause, CachePrediction
 from domain.llama_api import (
     APPLY_TEMPLATE_PATH,
@@ -86,15 +86,22 @@ class AsyncPromptCache:
 
     # -- the prediction -----------------------------------------------------------------------
 
+    def wanted(self, slot: int) -> bool:
+        """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is sent."""
+        memory = self._memory
+        return memory.renders and (self._settings.predict or (slot in memory.checkpoints and slot in memory.turns))
+
     async def before(
-        self, req: ChatRequest, body: bytes, token: CancelToken
+        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False
     ) -> tuple[CachePrediction | None, Rendered | None]:
         """The prediction for `req` (None without a previous request on the slot) and its
-        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied."""
+        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied.
+        `ModelNotLoaded` from a router that has not loaded the model (the caller waits for it
+        to load, then asks again with `loaded`: a second refusal skips the prediction)."""
         slot = req.slot
         previous = self._memory.turns.get(slot)
         checkpoint = self._memory.checkpoints.get(slot)
-        if not self._memory.renders or not (self._settings.predict or (checkpoint and previous)):
+        if not self.wanted(slot):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
         now: Rendered | None = None
@@ -115,6 +122,8 @@ class AsyncPromptCache:
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
+            if isinstance(exc, ModelNotLoaded) and now is None and not loaded:
+                raise
             if not (rendering and self._cannot_render(exc)):
                 log.debug("slot %d: cache prediction skipped: %s", slot, loggable(exc))
             return None, now  # a rendering made is kept: the next turn need not make it again
@@ -180,9 +189,9 @@ class AsyncPromptCache:
             except InferError as exc:
                 if not self._cannot_render(exc):
                     raise
-        name = checkpoint_filename(slot)
+        name = checkpoint_filename(slot, self._model)
         try:
-            answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name), token)
+            answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name, self._model), token)
         except HttpError as exc:
             if exc.status != SLOT_ACTIONS_UNSUPPORTED:
                 raise
@@ -234,7 +243,9 @@ class AsyncPromptCache:
 
     async def _restore(self, checkpoint: Checkpoint, token: CancelToken) -> int:
         slot = checkpoint.slot
-        answer = await self._info.post(slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename), token)
+        answer = await self._info.post(
+            slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename, self._model), token
+        )
         restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
         return restored

@@ -20,17 +20,25 @@ WARNING under `inferpath.probe`, with no server text; only a negative slot id ra
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
-from domain.errors import HttpError, InferError, Stalled, loggable
+from domain.errors import HttpError, InferError, ModelNotLoaded, Stalled, http_error, loggable
 from domain.limits import ClientLimits
-from domain.llama_api import SLOTS_PATH, slot_state, with_model
+from domain.llama_api import (
+    MODELS_PATH,
+    SLOTS_PATH,
+    not_a_stream,
+    slot_state,
+    with_model,
+)
+from domain.router_api import model_state, refused_state
 from ports.clock import Clock
 from ports.slot_probe import SlotState
-from ports.transport import Exchange, Transport, CancelSignal, TimedOut
+from ports.transport import Exchange, Transport, CancelSignal, ResponseHead, TimedOut
 
-__all__ = ["HttpSlotProbe", "error_body", "fetch", "read_all", "stop"]
+__all__ = ["HttpSlotProbe", "check_stream_head", "error_body", "fetch", "read_all", "refuse", "stop"]
 
 log = logging.getLogger("inferpath.probe")
 client_log = logging.getLogger("inferpath.client")
@@ -53,7 +61,7 @@ def fetch(
         deadline = clock.now() + limits.body_wait_s
         if head.status != 200:
             kept = error_body(exchange, clock, deadline, limits.error_body_bytes)
-            raise HttpError(head.status, kept, limits.error_body_bytes)
+            raise http_error(head.status, kept, limits.error_body_bytes)
         return read_all(exchange, clock, limits.body_bytes, max(deadline - clock.now(), 0.0))
     finally:
         exchange.close()
@@ -89,6 +97,23 @@ def _stop(transport: Transport, clock: Clock, path: str, wait_s: float) -> None:
         client_log.debug("stopping the generation: HTTP %d", head.status)
 
 
+def check_stream_head(
+    exchange: Exchange, head: ResponseHead, clock: Clock, limits: ClientLimits
+) -> None:
+    """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
+    if head.status != 200:
+        refuse(exchange, head, clock, limits)
+    refused = not_a_stream(head, exchange.what)
+    if refused is not None:
+        raise refused
+
+
+def refuse(exchange: Exchange, head: ResponseHead, clock: Clock, limits: ClientLimits) -> NoReturn:
+    """Raise the error a head that is not 200 says, with its body as far as it came within the liveness limit."""
+    kept = error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
+    raise http_error(head.status, kept, limits.error_body_bytes)
+
+
 def read_all(exchange: Exchange, clock: Clock, limit: int, timeout: float) -> bytes:
     """The body of `exchange`, whole, under `WholeBody`'s rule. Errors of `head` and `read` (a
     cut, malformed framing) pass through."""
@@ -114,10 +139,12 @@ def error_body(exchange: Exchange, clock: Clock, deadline: float, limit: int) ->
 
 class HttpSlotProbe:
     """Works over any transport (a Unix socket in production, a script in tests). `model`, when
-    given, is sent as `?model=`: a llama-server router routes GETs by it (and loads that model
-    if it was unloaded); a single-model server ignores it."""
+    given, is sent as `?model=` with `autoload=false`: a llama-server router routes GETs by it,
+    and answers for a model it has not loaded at once (400) instead of loading it, which could
+    evict another daemon's model; the probe then reads the model's status from `/models`. A
+    single-model server ignores both."""
 
-    __slots__ = ("_clock", "_limits", "_path", "_transport")
+    __slots__ = ("_clock", "_limits", "_model", "_path", "_transport")
 
     def __init__(
         self, transport: Transport, clock: Clock, limits: FetchLimits, model: str | None = None
@@ -125,7 +152,8 @@ class HttpSlotProbe:
         self._transport = transport
         self._clock = clock
         self._limits = limits
-        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model)
+        self._model = model
+        self._path = SLOTS_PATH if model is None else with_model(SLOTS_PATH, model, autoload=False)
 
     def state(self, slot: int, cancel: CancelSignal | None = None) -> SlotState:
         if slot < 0:
@@ -141,11 +169,41 @@ class HttpSlotProbe:
                 "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)", slot, waited_ms
             )
             return SlotState.UNRESPONSIVE
+        except ModelNotLoaded:
+            return self._model_state(slot, cancel)
+        except HttpError as exc:
+            state = refused_state(exc)
+            if state is SlotState.LOADING:
+                log.warning("slot %d: /slots probe: the model is loading (HTTP %d)", slot, exc.status)
+            else:
+                log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
+            return state
         except InferError as exc:
-            # The server cannot say (refused, loading, cut, malformed): the load budget runs.
+            # The server cannot say (refused, cut, malformed): the load budget runs.
             log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
             return SlotState.UNAVAILABLE
         state = slot_state(body, slot)
         if state is SlotState.UNAVAILABLE:
             log.warning("slot %d: /slots answer has no readable entry for this slot", slot)
         return state
+
+    def _model_state(self, slot: int, cancel: CancelSignal | None) -> SlotState:
+        """A router that has not loaded the model: what its `/models` says it is doing."""
+        if self._model is None:  # (a router answers "not loaded" only to a request that names one)
+            return SlotState.UNAVAILABLE
+        try:
+            listing = fetch(self._transport, self._clock, "GET", MODELS_PATH, None, self._limits, cancel)
+        except InferError as exc:
+            log.warning("slot %d: the model is not loaded, and /models failed (%s)", slot, loggable(exc))
+            return SlotState.UNAVAILABLE
+        state = model_state(listing, self._model)
+        log.warning("slot %d: the model is not loaded: %s", slot, _SAID[state])
+        return state
+
+
+_SAID = {
+    SlotState.LOADING: "the router is loading it",
+    SlotState.ASLEEP: "it sleeps, and the request wakes it",
+    SlotState.BEHIND: "the router runs another model's work first (waiting behind another model)",
+    SlotState.UNAVAILABLE: "/models does not say what the router does with it",
+}

@@ -9,6 +9,7 @@ import logging
 from domain.chat_stream import ChatStream
 from domain.errors import ConnectError, InferError, StreamClosedEarly
 from domain.events import Progress
+from domain.waiting import Charged
 from ports.transport import Exchange, Link
 
 __all__ = ["Flight", "Refused"]
@@ -22,6 +23,7 @@ class Flight:
     still be generating for (stopped when the attempt ends without its `Completion`)."""
 
     __slots__ = (
+        "charged",
         "consumed",
         "conversation",
         "cut",
@@ -34,7 +36,8 @@ class Flight:
         "stream",
     )
 
-    def __init__(self, link: Link | None = None) -> None:
+    def __init__(self, link: Link | None = None, charged: Charged | None = None) -> None:
+        self.charged = charged  # what waiting for a router's load cost, until the first request
         self.link = link  # a connection made ahead for the first request, until it is sent or dropped
         self.conversation: str | None = None
         self.generating: str | None = None
@@ -51,6 +54,16 @@ class Flight:
         finds the slot held, not queued)."""
         queued, self.queued_s = self.queued_s, 0.0
         return queued
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the call has had a router load the model (`Charged.loaded`)."""
+        return self.charged is not None and self.charged.loaded
+
+    def take_charged(self) -> Charged | None:
+        """What waiting for the model to load charged, for the attempt's first request only."""
+        charged, self.charged = self.charged, None
+        return charged
 
     def take_off(self, conversation: str, exchange: Exchange, stream: ChatStream, now: float) -> None:
         self.conversation = conversation

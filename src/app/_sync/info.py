@@ -5,13 +5,23 @@ chat body, each one request under `ClientLimits.info()`. Written once; the block
 
 The slot count and a slot's context are learned from `/props` on first need, when the config does
 not pin them (`[expect]`), and kept.
+
+None of them loads a model on a llama-server router: a GET carries `autoload=false` beside its
+`?model=`, a POST `?autoload=false`, and a router that has not loaded the model answers
+`ModelNotLoaded` at once (loading it could evict another daemon's model under `--models-max`).
+Only `props(load=True)` loads it (the self-test and `--print-expect`), and a chat
+(`app._sync.call`), which waits for the load with events.
 """
 
 from __future__ import annotations
 
-from app._sync.fetch import fetch
+import logging
+from collections.abc import Generator
+
+from app._sync.fetch import fetch, read_all, refuse
 from domain.cancel import CancelToken
 from domain.errors import InferError
+from domain.events import Waiting
 from domain.limits import ClientLimits
 from domain.llama_api import (
     PROPS_PATH,
@@ -20,6 +30,7 @@ from domain.llama_api import (
     Props,
     SlotInfo,
     Token,
+    no_autoload,
     parse_props,
     parse_slots,
     parse_tokens,
@@ -28,10 +39,14 @@ from domain.llama_api import (
 )
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
+from domain.waiting import Charged
 from ports.clock import Clock
-from ports.transport import Transport, Link
+from ports.slot_probe import SlotProbe
+from ports.transport import Transport, Link, TimedOut
 
 __all__ = ["ServerInfo"]
+
+log = logging.getLogger("inferpath.client")
 
 
 class ServerInfo:
@@ -62,8 +77,22 @@ class ServerInfo:
             check_slot(req.slot, self.slot_count(token))
         return body
 
-    def props(self, token: CancelToken) -> Props:
-        return parse_props(self.get(PROPS_PATH, token))
+    def props(self, token: CancelToken, *, load: bool = False) -> Props:
+        """`/props` of the config's model; `load`: a router loads it if it is not (under the
+        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`."""
+        return self.learned(parse_props(self.get(PROPS_PATH, token, load=load)))
+
+    def learned(self, props: Props) -> Props:
+        """Keep what `props` says of the slots, where the config did not pin it."""
+        if self._total_slots is None:
+            self._total_slots = props.total_slots
+        if self.n_ctx is None:
+            self.n_ctx = props.n_ctx
+        return props
+
+    @property
+    def total_slots(self) -> int | None:
+        return self._total_slots
 
     def slots(self, token: CancelToken) -> list[SlotInfo]:
         return parse_slots(self.get(SLOTS_PATH, token))
@@ -77,18 +106,20 @@ class ServerInfo:
         checked = check_slot(slot, self._total_slots)
         return checked if self._total_slots is not None else check_slot(slot, self.slot_count(token))
 
-    def get(self, path: str, token: CancelToken, *, quick: bool = False) -> bytes:
+    def get(self, path: str, token: CancelToken, *, quick: bool = False, load: bool = False) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
-        the server answers at once or not at all). A cancelled `token`: no connection is made."""
+        the server answers at once or not at all); with `autoload=false` unless `load`. A
+        cancelled `token`: no connection is made."""
         token.raise_if_cancelled()
-        path = with_model(path, self._settings.model)
+        path = with_model(path, self._settings.model, autoload=load)
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
     def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
+        """`POST path?autoload=false` (`body` names the model); limits as `get`'s."""
         token.raise_if_cancelled()  # no connection for a cancelled call
         limits = self._limits.probe() if quick else self._limits.info()
-        return fetch(self._transport, self._clock, "POST", path, body, limits, token)
+        return fetch(self._transport, self._clock, "POST", no_autoload(path), body, limits, token)
 
     def link_ahead(self, token: CancelToken) -> Link | None:
         """A connection for a chat whose body is about to be rendered, made first, so that the
@@ -102,11 +133,40 @@ class ServerInfo:
         except InferError:
             return None
 
+    def load(
+        self, probe: SlotProbe, slot: int, token: CancelToken, charged: Charged
+    ) -> Generator[Waiting, None, None]:
+        """Have a router load the model for a chat about to be sent on `slot`, and learn its
+        `/props`: a `GET /props` that loads it, its head awaited with a `probe` each `poll_ms`
+        (`Waiting`: loading, or behind another model's work) under the chat's own budgets, what
+        it charged kept in `charged` for the chat's wait. A model already loaded answers at once."""
+        limits, clock, now = self._limits, self._clock, self._clock.now
+        token.raise_if_cancelled()
+        path = with_model(PROPS_PATH, self._settings.model)
+        exchange = self._transport.open("GET", path, None, timeout=limits.poll_ms / 1000.0, cancel=token)
+        try:
+            wait = limits.first_byte_wait(now(), slot, before=charged)
+            log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)
+            while isinstance(head := exchange.head(wait.timeout(now())), TimedOut):
+                decision = wait.on_poll(now(), probe.state(slot, token))
+                charged.carry(wait)
+                token.raise_if_cancelled()
+                yield decision.event
+                if decision.error is not None:
+                    raise decision.error
+            charged.carry(wait)
+            if head.status != 200:
+                refuse(exchange, head, clock, limits)
+            raw = read_all(exchange, clock, limits.body_bytes, limits.liveness_s)
+        finally:
+            exchange.close()
+        charged.loaded = True
+        self.learned(parse_props(raw))
+        log.debug("slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now()))
+
     def slot_count(self, token: CancelToken) -> int:
+        """The server's slot count; `ModelNotLoaded` from a router that has not loaded the model."""
         if self._total_slots is None:
             token.raise_if_cancelled()
-            props = self.props(token)
-            self._total_slots = props.total_slots
-            if self.n_ctx is None:
-                self.n_ctx = props.n_ctx
+            return (self.props(token)).total_slots
         return self._total_slots
