@@ -71,8 +71,8 @@ class AsyncBridge:
     def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         return run(self.client.render(req, cancel))
 
-    def props(self, cancel: CancelToken | None = None) -> Props:
-        return run(self.client.props(cancel))
+    def props(self, cancel: CancelToken | None = None, *, load: bool = False) -> Props:
+        return run(self.client.props(cancel, load=load))
 
     def slots(self, cancel: CancelToken | None = None) -> list[SlotInfo]:
         return run(self.client.slots(cancel))

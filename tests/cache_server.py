@@ -12,10 +12,15 @@ It behaves as the real server does where the client depends on it:
 - `restart()` empties every slot (and keeps the saved files); `unified` empties the idle slots
   whenever a slot starts a chat; `save_path=False` answers a slot action with 501.
 - `POST /slots/N?action=save|restore` writes and reads a slot's tokens under a file name.
+- `router=True` plays a llama-server router's model `default`: `swap()` unloads it (another
+  model took its place: every slot emptied); then a request with `autoload=false` is answered
+  400 "model is not loaded", and any other request loads it, taking `load_s` (`GET /models`
+  says `loading` meanwhile, `unloaded` before).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from adapters.fake_server import ROLE, FakeServer, RecordedRequest, Reply, chunk, error_reply, json_reply, sse_reply
@@ -46,6 +51,8 @@ class CachingLlama:
         unified: bool = False,
         save_path: bool = True,
         template: str = "tmpl",
+        router: bool = False,
+        load_s: float = 0.0,
     ) -> None:
         self.held: list[list[int]] = [[] for _ in range(slots)]
         self.files: dict[str, list[int]] = {}
@@ -56,13 +63,48 @@ class CachingLlama:
         self.template = template
         self.slots = slots
         self.restore_lies = False  # answer a restore as done, and restore nothing
-        server.route("POST", "/apply-template", lambda r: json_reply({"prompt": render(r.json())}))
-        server.route("POST", "/tokenize", lambda r: json_reply({"tokens": [ord(c) for c in r.json()["content"]]}))
-        server.route("GET", "/slots", lambda r: json_reply(self._slots()))
-        server.route("GET", "/props", lambda r: json_reply(self._props()))
-        server.route("POST", "/v1/chat/completions", self._chat)
+        self.router = router
+        self.load_s = load_s
+        self.loaded_at: float | None = time.monotonic()  # None: unloaded; later than now: loading
+        self.loads = 0
+        self._route(server, "POST", "/apply-template", lambda r: json_reply({"prompt": render(r.json())}))
+        self._route(
+            server, "POST", "/tokenize", lambda r: json_reply({"tokens": [ord(c) for c in r.json()["content"]]})
+        )
+        self._route(server, "GET", "/slots", lambda r: json_reply(self._slots()))
+        self._route(server, "GET", "/props", lambda r: json_reply(self._props(), head_delay_s=self._wait()))
+        self._route(server, "POST", "/v1/chat/completions", self._chat)
         for slot in range(slots):
-            server.route("POST", f"/slots/{slot}", self._action)
+            self._route(server, "POST", f"/slots/{slot}", self._action)
+        server.route("GET", "/models", lambda r: json_reply({"data": [{"id": "default", "status": self._status()}]}))
+
+    def _route(self, server: FakeServer, method: str, path: str, handler: Any) -> None:
+        def routed(request: RecordedRequest) -> Reply:
+            if self.router and not self._loaded() and "autoload=false" in request.target:
+                return error_reply(400, "model is not loaded", "invalid_request_error")
+            return handler(request)
+
+        server.route(method, path, routed)
+
+    def swap(self) -> None:
+        """Another model takes this one's place: unloaded, every slot emptied."""
+        self.loaded_at = None
+        self.restart()
+
+    def _loaded(self) -> bool:
+        return self.loaded_at is not None and self.loaded_at <= time.monotonic()
+
+    def _status(self) -> dict[str, str]:
+        if self._loaded():
+            return {"value": "loaded"}
+        return {"value": "unloaded" if self.loaded_at is None else "loading"}
+
+    def _wait(self) -> float:
+        """A request that may load the model: the load started if it is not loaded, and the time left."""
+        if self.loaded_at is None:
+            self.loads += 1
+            self.loaded_at = time.monotonic() + self.load_s
+        return max(self.loaded_at - time.monotonic(), 0.0)
 
     def restart(self) -> None:
         self.held = [[] for _ in range(self.slots)]
@@ -84,6 +126,7 @@ class CachingLlama:
     def _chat(self, request: RecordedRequest) -> Reply:
         body = request.json()
         slot = body["id_slot"]
+        loading_s = self._wait()
         prompt = [ord(c) for c in render(body)]
         if self.unified:
             self.held = [held if i == slot else [] for i, held in enumerate(self.held)]
@@ -99,7 +142,7 @@ class CachingLlama:
             )
         pieces.append(chunk({"content": ANSWER}, n=predicted - 1, cache_n=cached, prompt_n=len(prompt) - cached))
         pieces.append(chunk(finish="stop", n=predicted, cache_n=cached, prompt_n=len(prompt) - cached))
-        return sse_reply(pieces)
+        return sse_reply(pieces, head_delay_s=loading_s)
 
     def _action(self, request: RecordedRequest) -> Reply:
         if not self.save_path:

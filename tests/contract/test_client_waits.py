@@ -136,7 +136,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(
         server.route(*SLOTS, Raw((), End.CLOSE))
     events: list[ChatEvent] = []
     try:
-        with overridden() as make, pytest.raises(LoadTimeout, match="unavailable|loading"):
+        with overridden() as make, pytest.raises(LoadTimeout, match=r"unavailable|loading"):
             client_kind.client_of(make(config, **overrides)).chat(REQ, events.append)
     finally:
         if refusing is not None:

@@ -1,0 +1,112 @@
+"""Against a llama-server router (`cache_server.CachingLlama(router=True)`): no call but a chat
+loads the model, a chat waits for a load with typed `Waiting` events, and a checkpoint brings a
+session back after another model took its place. Over both clients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adapters.fake_server import FakeServer
+from app.client import Client
+from app.config import parse_config
+from app.container import Container
+from cache_server import CachingLlama
+from client_support import Kind
+from domain.errors import HttpError, ModelNotLoaded
+from domain.events import CachePrediction, ChatEvent, ModelWait, Waiting
+from domain.messages import AssistantMessage, ChatRequest, SystemMessage, UserMessage
+
+SYSTEM = SystemMessage("You are terse. " * 20)
+ASK = UserMessage("Capital of France?")
+NEXT = UserMessage("And of Spain?")
+LOAD_S = 0.3
+POLL_MS = 50
+
+
+def client_for(kind: Kind, server: FakeServer, **limits: Any) -> Client:
+    data: dict[str, Any] = {
+        "socket": server.socket_path,
+        "limits": {"poll_ms": POLL_MS, "load_wait_ms": 5000, "busy_wait_ms": 5000, "idle_grace_ms": 5000, **limits},
+        "retry": {"attempts": 1, "delays_ms": []},
+    }
+    return kind.client_of(Container(config=parse_config(data)))
+
+
+def chat(client: Client, *messages: Any) -> tuple[Any, list[ChatEvent]]:
+    events: list[ChatEvent] = []
+    completion = client.chat(ChatRequest(slot=0, messages=messages), events.append)
+    return completion, events
+
+
+def targets(server: FakeServer) -> list[str]:
+    return [f"{r.method} {r.target}" for r in server.requests]
+
+
+def test_the_info_calls_of_a_model_not_loaded_say_so_and_load_nothing(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server, router=True)
+    llama.swap()
+    client = client_for(client_kind, server)
+
+    for call in (client.props, client.slots, lambda: client.tokenize("hi"), lambda: client.save_slot(0)):
+        with pytest.raises(ModelNotLoaded) as caught:
+            call()
+        assert isinstance(caught.value, HttpError) and caught.value.status == 400
+    assert llama.loads == 0, "no call but a chat loads the model"
+    assert all("autoload=false" in target for target in targets(server)), targets(server)
+
+    props = client.props(load=True)  # the self-test's and --print-expect's: it loads
+
+    assert props.total_slots == 2 and llama.loads == 1
+
+
+def test_a_chat_has_the_model_loaded_first_and_says_so_while_it_loads(server: FakeServer, client_kind: Kind) -> None:
+    # No [expect]: the slot count is asked of the router, which has not loaded the model.
+    llama = CachingLlama(server, router=True, load_s=LOAD_S)
+    llama.swap()
+
+    completion, events = chat(client_for(client_kind, server), SYSTEM, ASK)
+
+    assert completion.content == "Paris."
+    waits = [e for e in events if isinstance(e, Waiting)]
+    assert waits, "a load of 300 ms is seen by polls every 50 ms"
+    assert all(w == Waiting(slot_busy=False, model=ModelWait.LOADING) for w in waits), waits
+    assert llama.loads == 1
+    loading = [t for t in targets(server) if "autoload=false" not in t and t.startswith("GET /props")]
+    assert loading == ["GET /props?model=default"], "one request loads it, the rest never do"
+
+
+def test_a_load_counts_against_load_wait_ms_and_ends_in_load_timeout(server: FakeServer, client_kind: Kind) -> None:
+    llama = CachingLlama(server, router=True, load_s=5.0)
+    llama.swap()
+
+    with pytest.raises(Exception) as caught:
+        chat(client_for(client_kind, server, load_wait_ms=200), SYSTEM, ASK)
+
+    assert type(caught.value).__name__ == "LoadTimeout"
+    assert "the model was loading for" in str(caught.value)
+
+
+def test_a_checkpoint_brings_a_session_back_after_another_model_took_its_place(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    llama = CachingLlama(server, router=True, load_s=LOAD_S)
+    client = client_for(client_kind, server)
+    first, _ = chat(client, SYSTEM, ASK)
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None and checkpoint.tokens > 0
+    llama.swap()  # another daemon's model in its place: ours unloaded, its slots emptied
+
+    second, events = chat(client, SYSTEM, ASK, AssistantMessage(first.content), NEXT)
+
+    [prediction] = [e for e in events if isinstance(e, CachePrediction)]
+    assert prediction.restored == checkpoint.tokens
+    assert any(isinstance(e, Waiting) and e.model is ModelWait.LOADING for e in events)
+    assert events.index(prediction) > max(i for i, e in enumerate(events) if isinstance(e, Waiting))
+    assert second.timings.cache_n >= checkpoint.tokens - 1, "the turn reused the restored slot"
+    restores = [t for t in targets(server) if "action=restore" in t]
+    assert len(restores) == 1 and llama.loads == 1
+    saved = [r for r in server.requests if "action=save" in r.target]
+    assert saved[0].json()["model"] == "default", "a router routes the POST by its body's model"
