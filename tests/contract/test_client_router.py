@@ -1,6 +1,7 @@
 """Against a llama-server router (`cache_server.CachingLlama(router=True)`): no call but a chat
 loads the model, a chat waits for a load with typed `Waiting` events, and a checkpoint brings a
-session back after another model took its place. Over both clients.
+session back after another model took its place; a stream an unload cut is named for it. Over
+both clients.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer
+from adapters.fake_server import FakeServer, ReplayRing, json_reply
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from cache_server import CachingLlama
-from client_support import Kind
-from domain.errors import HttpError, ModelNotLoaded
-from domain.events import CachePrediction, ChatEvent, ModelWait, Waiting
+from client_support import CHAT, REQ, STOP, Kind, chunk, config_for, recorded
+from domain.errors import HttpError, ModelNotLoaded, StreamClosedEarly
+from domain.events import CachePrediction, ChatEvent, ModelWait, Retrying, Waiting
 from domain.messages import AssistantMessage, ChatRequest, SystemMessage, UserMessage
 
 SYSTEM = SystemMessage("You are terse. " * 20)
@@ -110,3 +111,75 @@ def test_a_checkpoint_brings_a_session_back_after_another_model_took_its_place(
     assert len(restores) == 1 and llama.loads == 1
     saved = [r for r in server.requests if "action=save" in r.target]
     assert saved[0].json()["model"] == "default", "a router routes the POST by its body's model"
+
+
+WORDS = 60
+LONG = [
+    chunk({"role": "assistant", "content": None}, n=0),
+    *(chunk({"content": f" w{n}"}, n=n) for n in range(1, WORDS + 1)),
+    chunk(finish="stop", n=WORDS),
+]
+
+
+def unloaded_mid_answer(server: FakeServer, status: str) -> ReplayRing:
+    """A router whose model was unloaded while it streamed: the stream cut, its replay gone
+    (404), and `/models` saying `status` of the model (the single-model server's `/models` has no
+    status at all)."""
+    ring = ReplayRing(LONG, cut_after=1024)
+    server.route(*CHAT, ring.chat)
+    server.route(*STOP, ring.stop)
+    server.route("GET", "/v1/stream", lambda request: (ring.forget(), ring.reattach(request))[1])
+    model = config_for(server.socket_path).model
+    entry: dict[str, Any] = {"id": model, "object": "model"}
+    if status:
+        entry["status"] = {"value": status}
+    server.route("GET", "/models", lambda request: json_reply({"object": "list", "data": [entry]}))
+    return ring
+
+
+@pytest.mark.parametrize("status", ["unloaded", "loading", "sleeping"])
+def test_a_stream_an_unload_cut_is_named_for_the_unload(server: FakeServer, client_kind: Kind, status: str) -> None:
+    unloaded_mid_answer(server, status)
+
+    with pytest.raises(StreamClosedEarly) as caught:
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    assert "the router unloaded the model mid-answer" in str(caught.value), caught.value
+    assert len(recorded(server, CHAT)) == 1, "chat() sends it once"
+
+
+def test_a_re_send_after_an_unload_says_so_and_the_answer_is_whole(server: FakeServer, client_kind: Kind) -> None:
+    ring = unloaded_mid_answer(server, "unloaded")
+    events: list[ChatEvent] = []
+
+    completion = client_kind.client_for(server).chat_with_retry(REQ, events.append)
+
+    resend = [e for e in events if isinstance(e, Retrying) and e.resend]
+    assert len(resend) == 1 and "the router unloaded the model mid-answer" in resend[0].error, resend
+    assert completion.content == "".join(f" w{n}" for n in range(1, WORDS + 1))
+    assert ring.stopped[:1] == ring.conversations[:1]
+
+
+@pytest.mark.parametrize("status", ["loaded", ""], ids=["router, loaded", "single-model"])
+def test_a_refused_re_attach_with_the_model_still_loaded_names_no_unload(
+    server: FakeServer, client_kind: Kind, status: str
+) -> None:
+    unloaded_mid_answer(server, status)
+
+    with pytest.raises(StreamClosedEarly) as caught:
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    assert "unloaded" not in str(caught.value), caught.value
+
+
+def test_a_stream_that_ends_without_its_final_chunk_on_an_unload_is_named_for_it(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    unloaded_mid_answer(server, "unloaded")
+    server.route(*CHAT, ReplayRing(LONG[:5], done=False).chat)  # the child exited: a clean end, early
+
+    with pytest.raises(StreamClosedEarly) as caught:
+        client_kind.client_for(server).chat(REQ, lambda event: None)
+
+    assert "before its final chunk" in str(caught.value)
+    assert "the router unloaded the model mid-answer" in str(caught.value), caught.value

@@ -419,16 +419,20 @@ def test_retries_stop_before_a_wait_that_would_pass_five_minutes(rig_for: Callab
     assert stops == [f"/v1/stream?conv_id={r.header('x-conversation-id')}" for r in chats]
 
 
+MODELS = ("GET", "/models")
+
+
 @pytest.mark.parametrize(
     ("first", "retried", "besides"),
     [
         # An error answer starts no generation: nothing to stop.
         (error_reply(503, "Loading model", "unavailable_error"), True, []),
-        # A cut after the head: a re-attach (refused by this server), the generation stopped, then
-        # the request again.
-        (sse_reply(ANSWER[:1], done=False, end=End.RESET), True, [REATTACH, STOP]),
-        # A clean end without the final chunk is no cut: stopped and sent again, not re-attached.
-        (sse_reply(ANSWER[:1], done=False, end=End.CLOSE), True, [STOP]),
+        # A cut after the head: a re-attach (refused by this server), `/models` asked whether a
+        # router unloaded the model, the generation stopped, then the request again.
+        (sse_reply(ANSWER[:1], done=False, end=End.RESET), True, [REATTACH, MODELS, STOP]),
+        # A clean end without the final chunk is no cut: `/models` asked, stopped and sent
+        # again, not re-attached.
+        (sse_reply(ANSWER[:1], done=False, end=End.CLOSE), True, [MODELS, STOP]),
         (error_reply(400, "exceeds the available context size", "exceed_context_size_error"), False, []),
         (error_reply(500, "unknown reasoning_format"), False, []),
         (sse_reply([{"choices": "not a list", "id": CID}]), False, [STOP]),

@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from domain.errors import HttpError, LoadTimeout, ModelNotLoaded, WaitTimeout, http_error
+from domain.errors import HttpError, LoadTimeout, ModelNotLoaded, Stalled, StreamClosedEarly, WaitTimeout, http_error
 from domain.events import ModelWait, Waiting
-from domain.router_api import model_state, refused_state
+from domain.router_api import model_state, model_status, refused_state, unloaded_cut
 from domain.waiting import FirstByteWait
 from ports.slot_probe import SlotState
 
@@ -85,3 +85,35 @@ def test_a_load_before_sending_is_carried_into_the_wait_for_the_head() -> None:
         poll_ms=100, busy_wait_ms=1000, load_wait_ms=300, idle_grace_ms=300, sent_at=0.0, loading_s=0.25
     )
     assert isinstance(first_byte.on_poll(0.1, SlotState.LOADING).error, LoadTimeout)
+
+
+@pytest.mark.parametrize(
+    ("status", "named"),
+    [("unloaded", "not loaded now"), ("loading", "loading again now"), ("sleeping", "asleep now")],
+)
+def test_a_cut_is_named_for_an_unload_when_the_router_no_longer_runs_the_model(status: str, named: str) -> None:
+    cut = Stalled("no byte in 30000 ms")
+    raw = orjson.dumps(
+        {"data": [{"id": "other", "status": {"value": "loaded"}}, {"id": "m", "status": {"value": status}}]}
+    )
+
+    named_cut = unloaded_cut(cut, model_status(raw, "m"))
+
+    assert isinstance(named_cut, StreamClosedEarly)
+    assert str(named_cut).startswith("no byte in 30000 ms; the router unloaded the model mid-answer")
+    assert named in str(named_cut)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"data": [{"id": "m", "status": {"value": "loaded"}}]}',
+        b'{"data": [{"id": "m", "object": "model"}]}',  # a single-model server's /models
+        b'{"data": [{"id": "other", "status": {"value": "unloaded"}}]}',
+        b"not json",
+    ],
+)
+def test_a_cut_is_left_as_it_is_when_the_router_does_not_say_the_model_is_gone(raw: bytes) -> None:
+    cut = StreamClosedEarly("closed after chunk 4")
+
+    assert unloaded_cut(cut, model_status(raw, "m")) is cut

@@ -49,6 +49,7 @@ from domain.llama_api import (
     CHAT_PATH,
     CONTROL_PATH,
     CONVERSATION_HEADER,
+    MODELS_PATH,
     REATTACH_REFUSED,
     STREAM_PATH,
     control_refusal,
@@ -60,6 +61,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
+from domain.router_api import model_status, unloaded_cut
 from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
@@ -164,8 +166,8 @@ class AsyncLlamaCalls:
                             log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
                             yield stream.control_answered(refusal)
                         elif isinstance(step, InferError):
-                            if not isinstance(step, Stalled):
-                                raise step
+                            if not isinstance(step, Stalled):  # an end without the final chunk: an unload?
+                                raise await self._named(step, token) if isinstance(step, StreamClosedEarly) else step
                             flight.consumed, cut = consumed, step  # late bytes past the limit: a stall
                         elif isinstance(step, Completion):
                             flight.landed()
@@ -221,7 +223,7 @@ class AsyncLlamaCalls:
                 async for retrying in self._after_break(slot, attempts, flight, broke, token):
                     yield retrying
             except Refused:
-                cut = flight.refused()
+                cut = await self._named(flight.refused(), token)
                 if not resend:
                     raise cut from None
                 if flight.generating is not None:  # a lost offset: it may still be running
@@ -283,6 +285,16 @@ class AsyncLlamaCalls:
             raise
         flight.picked_up(exchange, offset)
         flight.stream.resumed(self._clock.now(), tail)
+
+    async def _named(self, cut: InferError, token: CancelToken) -> InferError:
+        """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
+        named for an unload when a router's `/models` says the model is gone."""
+        try:
+            listing = await fetch(self._transport, self._clock, "GET", MODELS_PATH, None, self._limits.control(), token)
+        except InferError:
+            token.raise_if_cancelled()
+            return cut
+        return unloaded_cut(cut, model_status(listing, self._settings.model))
 
     async def _stop(self, conversation: str) -> None:
         """Stop the generation of `conversation` (closing its connection no longer does): a

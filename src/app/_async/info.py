@@ -89,10 +89,6 @@ class AsyncServerInfo:
             self.n_ctx = props.n_ctx
         return props
 
-    @property
-    def total_slots(self) -> int | None:
-        return self._total_slots
-
     async def slots(self, token: CancelToken) -> list[SlotInfo]:
         return parse_slots(await self.get(SLOTS_PATH, token))
 

@@ -90,10 +90,6 @@ class ServerInfo:
             self.n_ctx = props.n_ctx
         return props
 
-    @property
-    def total_slots(self) -> int | None:
-        return self._total_slots
-
     def slots(self, token: CancelToken) -> list[SlotInfo]:
         return parse_slots(self.get(SLOTS_PATH, token))
 
