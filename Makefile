@@ -62,9 +62,10 @@ demo: llama-server model
 	$(PY) scripts/demo.py
 
 # The small model's llama-server and the proxy on .run/infer.sock, with a matching .run/config.toml,
-# until Ctrl-C: the stack the README's examples run against.
+# until Ctrl-C: the stack the README's examples run against. `make serve ROUTER=1` runs a llama-server
+# router of two models instead (the brief's deployment; see "Against a router" in the README).
 serve: llama-server model
-	$(PY) scripts/serve.py
+	$(PY) scripts/serve.py $(if $(ROUTER),--router)
 
 bench: llama-server model
 	$(PY) bench/run_all.py

@@ -10,6 +10,13 @@ on `RUN/infer.sock`, then writes into the run folder (`.run/` of the repo unless
     logs/           the server's log
     slots/          slot checkpoints (`--slot-save-path`): `Client.save_slot` writes them here
 
+With `--router` (`make serve ROUTER=1`) the server is the brief's deployment instead: a llama-server
+router (the "router" preset: two models of the small model's file, `tools-model` under the Qwen3
+template and `thinking-model` under Qwen3.5, `--models-max 1`, one `--slot-save-path` for both),
+with the config naming `tools-model`. No model is loaded until a chat or `--print-expect` names it;
+a chat for `thinking-model` swaps it in, and the `tools-model` session comes back from its
+checkpoint. The config's [expect] block is read after loading `tools-model` once.
+
 It prints the config's path and what to try next, then one line "serving; Ctrl-C stops it" once
 everything is ready (tests wait for that line), and from then on the proxy's own lines (one per
 refused connection, a summary a second past ten) as they come. SIGINT or SIGTERM stops the proxy (which removes
@@ -43,13 +50,13 @@ PRESET = "tools"
 MAX_TOKENS = 512
 
 
-def config_text(socket_path: Path, expect: str) -> str:
+def config_text(socket_path: Path, expect: str, model: str) -> str:
     prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f"""\
 # Written by `make serve` (scripts/serve.py) for the stack it runs; every other key has its default
 # (examples/config.toml lists them all).
 socket = "{socket_path}"
-model = "{llama.ALIAS}"                 # the server's --alias
+model = "{model}"
 
 [limits]
 max_tokens = {MAX_TOKENS}
@@ -68,32 +75,33 @@ tool_prefill = "{prefill}"
 """
 
 
-def live_expect(socket_path: Path) -> str:
-    config = parse_config({"socket": str(socket_path), "model": llama.ALIAS})
+def live_expect(socket_path: Path, model: str) -> str:
+    config = parse_config({"socket": str(socket_path), "model": model})
     with Container(config=config).client() as client:
-        return expect_toml(client.props())
+        return expect_toml(client.props(load=True))  # a router loads the model for it
 
 
 def _stop_on_signal(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def serve(run_dir: Path) -> int:
+def serve(run_dir: Path, *, router: bool = False) -> int:
+    preset, model = ("router", llama.ROUTER_TOOLS) if router else (PRESET, llama.ALIAS)
     run_dir.mkdir(parents=True, exist_ok=True)
     socket_path = run_dir / "infer.sock"
     upstream_file = run_dir / "upstream"
     config_path = run_dir / "config.toml"
     with ExitStack() as stack:
-        server = llama.launch(PRESET, log_dir=run_dir / "logs", slot_save_path=run_dir / "slots")
+        server = llama.launch(preset, log_dir=run_dir / "logs", slot_save_path=run_dir / "slots")
         stack.callback(server.stop)
         upstream = f"{server.host}:{server.port}"
         proxy = stack.enter_context(ProxyProcess(upstream, str(socket_path), echo=sys.stdout))
         stack.callback(upstream_file.unlink, missing_ok=True)
         upstream_file.write_text(upstream + "\n", encoding="utf-8")
-        config_path.write_text(config_text(socket_path, live_expect(socket_path)), encoding="utf-8")
+        config_path.write_text(config_text(socket_path, live_expect(socket_path, model), model), encoding="utf-8")
         rel = _shown(run_dir)
         print(
-            f"llama-server ({PRESET} preset, {llama.paths().model.name}) on {upstream}, log {server.log_path}\n"
+            f"llama-server ({preset} preset, {llama.paths().model.name}) on {upstream}, log {server.log_path}\n"
             f"{proxy.start_line}\n"
             f"config: {config_path}\n"
             "\n"
@@ -125,13 +133,18 @@ def _shown(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", type=Path, default=REPO / ".run", help="the run folder (default: .run/)")
+    parser.add_argument(
+        "--router",
+        action="store_true",
+        help=f"a router of two models ({llama.ROUTER_TOOLS}, {llama.ROUTER_THINKING}) under --models-max 1",
+    )
     args = parser.parse_args(argv)
     # Both signals unwind the same way, so every started process is stopped in order. SIGINT is set
     # explicitly: a shell starts a background job with it ignored, and `kill -INT` must still stop us.
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:
-        return serve(args.run_dir)
+        return serve(args.run_dir, router=args.router)
     except KeyboardInterrupt:
         print("\nstopped inferproxy and llama-server", flush=True)
         return 0

@@ -109,15 +109,18 @@ ROUTER_MODEL = str(setup.MODEL_FILE).removesuffix(".gguf")
 ROUTER_TOOLS = "tools-model"
 ROUTER_THINKING = "thinking-model"
 ROUTER_MODELS_MAX = 1
+ROUTER_STOP_TIMEOUT_S = 3
 
 
 def router_presets(found: Any) -> str:
     """The router's `--models-preset` file: every model's context and template, and the two
-    models made from the small model's file."""
+    models made from the small model's file. A model being unloaded mid-answer is killed after
+    `ROUTER_STOP_TIMEOUT_S` (the router's default is 10 s), so that a test of it runs in seconds."""
     model = found.model
     return (
         "version = 1\n\n"
-        f"[*]\nc = {CONTEXT}\nchat-template-file = {found.template(TOOLS_TEMPLATE)}\n\n"
+        f"[*]\nc = {CONTEXT}\nchat-template-file = {found.template(TOOLS_TEMPLATE)}\n"
+        f"stop-timeout = {ROUTER_STOP_TIMEOUT_S}\n\n"
         f"[{ROUTER_TOOLS}]\nmodel = {model}\n\n"
         f"[{ROUTER_THINKING}]\nmodel = {model}\nchat-template-file = {found.template(THINKING_TEMPLATE)}\n"
     )

@@ -1,27 +1,37 @@
 """The brief's deployment: a llama-server router (`llama.ROUTER_TOOLS` and `llama.ROUTER_THINKING`,
 two models of the small model's file, `--models-max 1`), through a real `inferproxy`. The info
-calls never load a model, a chat loads its own with typed waits, the thinking budget holds, and a
-checkpoint brings a session back after the other model took its place. Over both clients.
+calls never load a model, a chat loads its own with typed waits, the thinking budget holds, a
+stream survives its proxy being killed, a cancel stops the generation, the cache prediction is
+exact, the self-test passes through a proxy of default limits, a checkpoint brings a session back
+after the other model took its place, and an answer an unload cut is named for it and sent again.
+Over both clients.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import llama
 import pytest
 from proxy import ProxyProcess
-from test_prompt_cache_device import ASK, NEXT, answer, long_rules, prediction_of, turn
-from test_through_proxy import SAMPLING
+from relay import Relay
+from test_prompt_cache_device import ASK, NEXT, answer, long_rules, prediction_of, rules, turn
+from test_resume_device import STORY
+from test_selftest_device import run_selftest, write_config
+from test_through_proxy import QUESTION, SAMPLING, make_client, nonstream_answer
 
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from client_support import Kind
-from domain.errors import ModelNotLoaded
-from domain.events import ModelWait, Waiting
+from domain.cancel import CancelToken
+from domain.errors import Cancelled, ModelNotLoaded
+from domain.events import ChatEvent, Content, ModelWait, Retrying, Waiting
 from domain.messages import ChatRequest, UserMessage
 
 pytestmark = pytest.mark.device
@@ -38,8 +48,9 @@ def proxy(router_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
         yield proxy
 
 
-def client_on(proxy: ProxyProcess, kind: Kind, model: str, **limits: Any) -> Client:
+def client_on(proxy: ProxyProcess, kind: Kind, model: str, *, predict: bool = False, **limits: Any) -> Client:
     config: dict[str, Any] = {
+        "cache": {"predict": predict},
         "socket": proxy.socket_path,
         "model": model,
         "limits": {"max_tokens": 24, "poll_ms": 100, "liveness_ms": 180_000, **limits},
@@ -119,3 +130,131 @@ def test_a_checkpoint_brings_a_session_back_after_the_other_model_took_its_place
     assert prediction.restored == checkpoint.tokens, prediction
     assert warm.timings.cache_n >= checkpoint.tokens - LOSS, (warm.timings, checkpoint)
     assert warm_s <= 0.2 * cold_s, f"first token {warm_s:.2f} s after the swap, {cold_s:.2f} s cold"
+
+
+def unload(server: llama.LlamaServer, model: str) -> None:
+    """Unload `model` (if loaded) and wait until the router says so."""
+    if status(server, model) != "unloaded":
+        code, reply = server.post_json("/models/unload", {"model": model})
+        assert code == 200, reply
+    deadline = time.monotonic() + 60
+    while status(server, model) != "unloaded":
+        assert time.monotonic() < deadline, f"{model} is still loaded"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def relay(router_server: llama.LlamaServer) -> Iterator[Relay]:
+    with Relay(router_server.host, router_server.port) as relay:
+        yield relay
+
+
+def test_a_stream_survives_its_proxy_being_killed_and_restarted_on_a_router(
+    router_server: llama.LlamaServer, relay: Relay, client_kind: Kind
+) -> None:
+    with ProxyProcess(f"127.0.0.1:{relay.port}") as proxy:
+        client = make_client(proxy.socket_path, max_tokens=200, model=llama.ROUTER_TOOLS, kind=client_kind)
+        req = ChatRequest(slot=0, messages=QUESTION)
+        events: list[ChatEvent] = []
+
+        def on_event(event: ChatEvent) -> None:
+            events.append(event)
+            if isinstance(event, Content) and not proxy_killed:
+                proxy_killed.append(True)
+                proxy.kill()  # SIGKILL mid-stream
+                proxy.start()
+
+        proxy_killed: list[bool] = []
+        completion = client.chat_with_retry(req, on_event)
+        expected = nonstream_answer(router_server, client, req)
+
+    assert proxy_killed
+    assert [r for r in relay.requests if r.startswith("POST ")] == ["POST /v1/chat/completions"]
+    assert any(r.startswith("GET /v1/stream?conv_id=") for r in relay.requests), relay.requests
+    assert completion.content == expected["content"]
+    assert "".join(e.text for e in events if isinstance(e, Content)) == completion.content
+
+
+def test_a_cancel_stops_the_generation_on_the_router(
+    router_server: llama.LlamaServer, relay: Relay, client_kind: Kind
+) -> None:
+    with ProxyProcess(f"127.0.0.1:{relay.port}") as proxy:
+        client = make_client(proxy.socket_path, max_tokens=2000, model=llama.ROUTER_TOOLS, kind=client_kind)
+        token = CancelToken()
+
+        def on_event(event: ChatEvent) -> None:
+            if isinstance(event, Content):
+                token.cancel()
+
+        with pytest.raises(Cancelled):
+            client.chat(STORY, on_event, cancel=token)
+        deadline = time.monotonic() + 5.0
+        while slot_processing(router_server, llama.ROUTER_TOOLS, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    assert any(r.startswith("DELETE /v1/stream?conv_id=") for r in relay.requests), relay.requests
+    assert not slot_processing(router_server, llama.ROUTER_TOOLS, 0), "stopped, not run on to 2000 tokens"
+
+
+def slot_processing(server: llama.LlamaServer, model: str, slot: int) -> bool:
+    code, slots = server.get_json(f"/slots?model={model}&autoload=false")
+    assert code == 200, slots
+    return bool(next(s for s in slots if s["id"] == slot)["is_processing"])
+
+
+def test_a_turn_that_extends_the_last_one_is_predicted_exactly_on_a_router(
+    router_server: llama.LlamaServer, proxy: ProxyProcess, client_kind: Kind
+) -> None:
+    client = client_on(proxy, client_kind, llama.ROUTER_TOOLS, predict=True, cache_loss_tokens=LOSS)
+    system = rules()
+    first, _, _ = turn(client, [system, ASK])
+
+    second, events, _ = turn(client, [system, ASK, answer(first), NEXT])
+
+    prediction = prediction_of(events)
+    assert not prediction.lost, prediction
+    assert prediction.reused == second.timings.cache_n, (prediction, second.timings)
+
+
+def test_the_selftest_passes_on_a_router_through_a_default_proxy_with_the_model_unloaded(
+    router_server: llama.LlamaServer, tmp_path: Path
+) -> None:
+    _, props = router_server.get_json(f"/props?model={llama.ROUTER_TOOLS}")  # loads it once, for its template
+    sha = hashlib.sha256(props["chat_template"].encode("utf-8")).hexdigest()
+    unload(router_server, llama.ROUTER_TOOLS)
+    with ProxyProcess(f"{router_server.host}:{router_server.port}") as proxy:  # the proxy's own limits
+        config = write_config(tmp_path / "router.toml", proxy.socket_path, sha=sha, model=llama.ROUTER_TOOLS)
+        code, lines, _ = run_selftest(config)
+
+    assert code == 0, "\n".join(lines)
+    assert [line.split()[0] for line in lines] == ["ok", "ok", "ok", "ok"], lines
+
+
+def test_an_answer_an_unload_cut_is_named_for_the_unload_and_sent_again(
+    router_server: llama.LlamaServer, proxy: ProxyProcess, client_kind: Kind
+) -> None:
+    client = make_client(
+        proxy.socket_path,
+        max_tokens=400,
+        model=llama.ROUTER_TOOLS,
+        kind=client_kind,
+        limits={"liveness_ms": 60_000},
+    )
+    events: list[ChatEvent] = []
+    unloading: list[threading.Thread] = []
+
+    def on_event(event: ChatEvent) -> None:
+        events.append(event)
+        if isinstance(event, Content) and not unloading:
+            unloading.append(
+                threading.Thread(target=router_server.post_json, args=("/models/unload", {"model": llama.ROUTER_TOOLS}))
+            )
+            unloading[0].start()
+
+    completion = client.chat_with_retry(STORY, on_event)
+    unloading[0].join(30)
+
+    resend = [e for e in events if isinstance(e, Retrying) and e.resend]
+    assert resend, [e for e in events if isinstance(e, Retrying)]
+    assert "the router unloaded the model mid-answer" in resend[0].error, resend[0]
+    assert completion.finish_reason is not None

@@ -29,7 +29,13 @@ def proxy(tools_server: llama.LlamaServer) -> Iterator[ProxyProcess]:
 
 
 def write_config(
-    path: Path, socket_path: str, *, sha: str | None, extra: str = "", n_ctx: int = llama.SLOT_CONTEXT
+    path: Path,
+    socket_path: str,
+    *,
+    sha: str | None,
+    extra: str = "",
+    n_ctx: int = llama.SLOT_CONTEXT,
+    model: str = llama.ALIAS,
 ) -> Path:
     expect = (
         ""
@@ -38,7 +44,7 @@ def write_config(
     )
     prefill = llama.TOOL_PREFILL.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     path.write_text(
-        f'socket = "{socket_path}"\nmodel = "{llama.ALIAS}"\n{extra}'
+        f'socket = "{socket_path}"\nmodel = "{model}"\n{extra}'
         f'[sampling]\ntemperature = 0.0\nseed = 42\n{expect}[selftest]\ntool_prefill = "{prefill}"\n'
     )
     return path
