@@ -39,7 +39,7 @@ STOP_TIMEOUT_S = 30
 FENCE = re.compile(r"^```(?P<info>[^`\n]*)\n(?P<code>.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 RUNNERS = {"python": [sys.executable, "-"], "sh": ["bash", "-e", "-s"]}
 # The ownership command of "Installing next to a daemon" must find this project behind each name.
-OWNERS = [f"{name}: ['inferpath']" for name in ("domain", "ports", "adapters", "app")]
+OWNERS = [f"{name}: ['inferpath']" for name in ("inferpath", "domain", "ports", "adapters", "app")]
 
 
 @dataclass(frozen=True)
