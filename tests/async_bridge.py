@@ -56,10 +56,14 @@ class AsyncBridge:
     def __repr__(self) -> str:
         return f"AsyncBridge({self.client!r})"
 
-    def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
+    def chat(
+        self, req: ChatRequest, on_event: EventSink | None = None, cancel: CancelToken | None = None
+    ) -> Completion:
         return run(self.client.chat(req, on_event, cancel=cancel))
 
-    def chat_with_retry(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
+    def chat_with_retry(
+        self, req: ChatRequest, on_event: EventSink | None = None, cancel: CancelToken | None = None
+    ) -> Completion:
         return run(self.client.chat_with_retry(req, on_event, cancel=cancel))
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> BridgedStream:

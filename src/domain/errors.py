@@ -1,7 +1,27 @@
-"""Every way a request can fail: one exception class per variant of the brief's `InferError`.
+"""Every way a call can fail, as a tree of families (the README's error table is this tree):
 
-Adapters translate `OSError`, timeouts and malformed bytes into these at the edge, so callers
-catch `InferError` and nothing else.
+    InferError                      catch this: nothing else leaves the client
+    ├── NetworkError                the connection or the stream broke            retried
+    │   ├── ConnectError            the socket could not be reached
+    │   └── StreamClosedEarly       the stream ended before its final chunk
+    ├── InferTimeout                a wait ran out
+    │   ├── Stalled                 silence past the liveness limit                retried
+    │   ├── LoadTimeout             unavailable or unresponsive past load_wait_ms  retried
+    │   └── WaitTimeout             the slot busy past busy_wait_ms                not retried
+    ├── AnswerError                 the server answered what we cannot use
+    │   ├── HttpError               a non-200 answer                               503 only
+    │   │   └── ModelNotLoaded      a router has not loaded the model              not retried
+    │   ├── ProtocolError           bytes that break HTTP, SSE, JSON or a cap      not retried
+    │   └── ThinkingOverrun         reasoning past the cap and its overrun         not retried
+    ├── CallerError                 refused here, before anything was sent
+    │   ├── RequestError            a request that must not be sent (a ValueError)
+    │   └── Busy                    our own queue for the slot is full
+    └── Cancelled                   the caller cancelled the call                  not retried
+        └── ClientClosed            the client was closed
+
+`error.retried` says whether `chat_with_retry` tries again after it (`domain.retry` asks only
+that); each class's docstring says what happened and what the caller should do. Adapters
+translate `OSError`, timeouts and malformed bytes into these at the edge.
 """
 
 from __future__ import annotations
@@ -10,6 +30,7 @@ import reprlib
 from itertools import islice
 
 ERROR_BODY_BYTES = 4096
+RETRIED_STATUS = frozenset({503})  # loading: the one answer worth asking again
 SHOWN_CHARS = 120  # characters of an offending value quoted in an error
 
 
@@ -53,46 +74,75 @@ def shown(value: object) -> str:
 
 
 class InferError(Exception):
-    """Base of every failure the inference path reports."""
+    """Base of every failure the inference path reports. `retried`: whether `chat_with_retry`
+    makes another attempt after it (within the retry schedule and its total)."""
+
+    retried: bool = False
 
 
-class Busy(InferError):
-    """Our own queue for the slot is full."""
-
-    def __init__(self, slot: int, queued: int) -> None:
-        super().__init__(f"slot {slot} is busy: {queued} requests already queued")
-        self.slot = slot
-        self.queued = queued
+# -- the connection or the stream broke ------------------------------------------------------
 
 
-class ConnectError(InferError):
-    """The socket could not be reached (missing, refused, permission denied)."""
+class NetworkError(InferError):
+    """The connection to the socket, or the stream on it, broke. Retried: the server or the
+    proxy may be restarting. Past the retries: check that inferproxy and llama-server run."""
+
+    retried = True
 
 
-class WaitTimeout(InferError):
-    """The slot stayed busy past `busy_wait_ms`."""
+class ConnectError(NetworkError):
+    """The socket could not be reached (missing, refused, permission denied); nothing was sent.
+    The message names the socket path and what is wrong with it."""
 
 
-class LoadTimeout(InferError):
+class StreamClosedEarly(NetworkError):
+    """The connection ended before the final chunk. A cut after the response head is re-attached
+    first (the events go on where they broke); the message says when a router unloaded the model."""
+
+
+# -- a wait ran out ---------------------------------------------------------------------------
+
+
+class InferTimeout(InferError):
+    """A wait ran out; the message says which wait, how long it ran and what the server did."""
+
+
+class WaitTimeout(InferTimeout):
+    """The slot stayed busy (with someone else's request, on the server or queued here) past
+    `busy_wait_ms`. Not retried: it has waited already. Try later, or another slot."""
+
+
+class LoadTimeout(InferTimeout):
     """The server stayed unavailable (loading, restarting) or unresponsive (it took connections
     and answered nothing: paused or stuck) past `load_wait_ms`; the message says which, and how
-    long each."""
+    long each. Retried."""
+
+    retried = True
 
 
-class Stalled(InferError):
-    """Silence past the liveness limit, or an idle slot that never answered."""
+class Stalled(InferTimeout):
+    """Silence past the liveness limit, or an idle slot that never answered. Retried (a stream
+    that had begun is re-attached)."""
+
+    retried = True
 
 
-class StreamClosedEarly(InferError):
-    """The connection ended before the final chunk."""
+# -- the server answered what we cannot use ---------------------------------------------------
 
 
-class ThinkingOverrun(InferError):
-    """Reasoning went on past the cap and its overrun, or the control call failed."""
+class AnswerError(InferError):
+    """The server answered, and the answer cannot be used; the same request would most likely
+    get the same answer."""
 
 
-class HttpError(InferError):
-    """A non-200 answer. `body` is what was sent, decoded as UTF-8 (a byte that is not becomes
+class ThinkingOverrun(AnswerError):
+    """Reasoning went on past the cap and its overrun, or the control call that ends it failed.
+    Not retried. Lower `thinking_cap`, or ask without `thinking`."""
+
+
+class HttpError(AnswerError):
+    """A non-200 answer; retried only when it is a 503 (loading). A 400 "exceeds the available
+    context size" means compact the prompt. `body` is what was sent, decoded as UTF-8 (a byte that is not becomes
     U+FFFD), up to `limit` bytes of it (4 KiB by default), cut before a character the limit
     would split (the caller may parse it)."""
 
@@ -106,6 +156,10 @@ class HttpError(InferError):
         super().__init__(f"HTTP {status}: {text[:200]}")
         self.status = status
         self.body = text
+
+    @property
+    def retried(self) -> bool:  # type: ignore[override]
+        return self.status in RETRIED_STATUS
 
     def kept(self, limit: int) -> HttpError:
         """The same error, its body kept to `limit` bytes."""
@@ -142,7 +196,7 @@ def stream_error(obj: object, body: str) -> HttpError:
 
 class Cancelled(InferError):
     """The caller cancelled the call (`CancelToken.cancel()`); its connections were closed, so
-    the server stopped generating, and its place at the slot gate was given up."""
+    the server stopped generating, and its place at the slot gate was given up. Not retried."""
 
 
 class ClientClosed(Cancelled):
@@ -150,14 +204,33 @@ class ClientClosed(Cancelled):
     without touching the server."""
 
 
-class ProtocolError(InferError):
-    """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what."""
+class ProtocolError(AnswerError):
+    """The bytes on the wire broke HTTP, SSE, JSON or a size cap; the message names what. Not
+    retried: a server (or something between) that sends them is misconfigured or hostile."""
 
 
-class RequestError(InferError, ValueError):
+# -- refused here, before anything was sent ----------------------------------------------------
+
+
+class CallerError(InferError):
+    """The call was refused before anything was sent; the message names why."""
+
+
+class RequestError(CallerError, ValueError):
     """A request that must not be sent (a slot id out of range, `tool_choice` "required" with no
     tool, text that is not valid Unicode, ...); nothing was sent. The message names what is wrong
-    and where. Also a `ValueError`, since it is the caller's input that is wrong."""
+    and where. Also a `ValueError`, since it is the caller's input that is wrong. Fix the
+    request: sending it again would be refused again."""
+
+
+class Busy(CallerError):
+    """Our own queue for the slot is full (`queue_per_slot` callers wait already). Not retried:
+    spread the calls over slots, or wait for one to end."""
+
+    def __init__(self, slot: int, queued: int) -> None:
+        super().__init__(f"slot {slot} is busy: {queued} requests already queued")
+        self.slot = slot
+        self.queued = queued
 
 
 # Errors whose messages are all the client's own words (times, sizes, paths, counts): a log line

@@ -23,29 +23,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from domain.errors import (
-    ConnectError,
-    HttpError,
-    InferError,
-    LoadTimeout,
-    Stalled,
-    StreamClosedEarly,
-)
-
-RETRYABLE: tuple[type[InferError], ...] = (ConnectError, StreamClosedEarly, Stalled, LoadTimeout)
-RETRYABLE_STATUS = frozenset({503})
+from domain.errors import InferError
 
 
 def is_retryable(err: InferError) -> bool:
-    """Connect failures, a stream that closed early or stalled, a load that timed out, HTTP 503.
-
-    Everything else is final: `WaitTimeout` has already waited, HTTP 400 carries "exceeds the
-    available context size" (answered by compaction), `Busy` is our own queue, and
-    `ThinkingOverrun` and `ProtocolError` would happen again.
-    """
-    if isinstance(err, HttpError):
-        return err.status in RETRYABLE_STATUS
-    return isinstance(err, RETRYABLE)
+    """Whether the error's class says another attempt may succeed (`InferError.retried`, drawn
+    in `domain.errors`): connect failures, a stream that closed early or stalled, a load that
+    timed out, HTTP 503. Everything else is final: `WaitTimeout` has already waited, HTTP 400
+    carries "exceeds the available context size" (answered by compaction), `Busy` is our own
+    queue, and `ThinkingOverrun` and `ProtocolError` would happen again."""
+    return err.retried
 
 
 class Uniform(Protocol):

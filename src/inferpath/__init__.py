@@ -20,14 +20,18 @@ from domain.cache import CacheOutcome, cache_outcome
 from domain.cancel import CancelToken
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import (
+    AnswerError,
     Busy,
+    CallerError,
     Cancelled,
     ClientClosed,
     ConnectError,
     HttpError,
     InferError,
+    InferTimeout,
     LoadTimeout,
     ModelNotLoaded,
+    NetworkError,
     ProtocolError,
     RequestError,
     Stalled,
@@ -65,12 +69,14 @@ from domain.messages import (
 from domain.prompt_cache import Checkpoint
 
 __all__ = [
+    "AnswerError",
     "AssistantMessage",
     "AsyncClient",
     "Busy",
     "CacheCause",
     "CacheOutcome",
     "CachePrediction",
+    "CallerError",
     "CancelToken",
     "Cancelled",
     "ChatEvent",
@@ -88,9 +94,11 @@ __all__ = [
     "FinishReason",
     "HttpError",
     "InferError",
+    "InferTimeout",
     "LoadTimeout",
     "ModelNotLoaded",
     "ModelWait",
+    "NetworkError",
     "Progress",
     "Props",
     "ProtocolError",

@@ -22,7 +22,7 @@ def ignore(event: ChatEvent) -> None:
     return None
 
 
-@pytest.mark.parametrize("bad", [None, "print", 42])
+@pytest.mark.parametrize("bad", ["print", 42])
 def test_an_on_event_that_cannot_be_called_is_refused_before_anything_is_sent(
     server: FakeServer, client_kind: Kind, bad: Any
 ) -> None:
@@ -34,6 +34,15 @@ def test_an_on_event_that_cannot_be_called_is_refused_before_anything_is_sent(
         assert str(caught.value) == f"on_event must be callable, not {type(bad).__name__}"
     assert server.requests == []
     assert client.chat(REQ, ignore) == ANSWER_COMPLETION  # the client is none the worse
+    client.close()
+
+
+def test_a_call_without_on_event_returns_the_completion(server: FakeServer, client_kind: Kind) -> None:
+    server.route(*CHAT, sse_reply(ANSWER))
+    client = client_kind.client_for(server)
+
+    assert client.chat(REQ) == ANSWER_COMPLETION
+    assert client.chat_with_retry(REQ, None) == ANSWER_COMPLETION
     client.close()
 
 

@@ -94,19 +94,39 @@ class Client:
 
     # -- chat ---------------------------------------------------------------------------------
 
-    def chat(self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None) -> Completion:
-        """One attempt: returns the final `Completion` or raises an `InferError`."""
-        check_sink(on_event)
+    def chat(
+        self, req: ChatRequest, on_event: EventSink | None = None, cancel: CancelToken | None = None
+    ) -> Completion:
+        """Send `req` once and return its `Completion`, whole: nothing before the final chunk.
+
+        `on_event` (optional) is called with every event as it comes, on the caller's thread;
+        `cancel` ends the call from anywhere. A stream cut after its head is still re-attached
+        (the events go on where they broke); nothing else is tried twice.
+
+        Raises (every one an `InferError`, drawn as a tree in `domain.errors`):
+        `RequestError` for a request that must not be sent, before anything is;
+        `Busy` when `queue_per_slot` callers wait for the slot already;
+        `WaitTimeout` when the slot stays busy past `busy_wait_ms`;
+        `LoadTimeout` when the server stays loading or unresponsive past `load_wait_ms`;
+        `Stalled` on silence past `idle_grace_ms` or `liveness_ms`;
+        `ConnectError`, `StreamClosedEarly` when the socket or the stream breaks;
+        `HttpError` for a non-200 answer; `ProtocolError`, `ThinkingOverrun`;
+        `Cancelled` when `cancel` fires, `ClientClosed` when the client is closed."""
+        sink = _sink(on_event)
         with self.stream(req, cancel) as stream:
-            return stream.run(on_event)
+            return stream.run(sink)
 
     def chat_with_retry(
-        self, req: ChatRequest, on_event: EventSink, cancel: CancelToken | None = None
+        self, req: ChatRequest, on_event: EventSink | None = None, cancel: CancelToken | None = None
     ) -> Completion:
-        """`chat`, retried by the retry policy; every attempt sends the same bytes."""
-        check_sink(on_event)
+        """`chat`, with every failure whose class says `retried` tried again by the retry
+        policy (`retry.attempts`, `delays_ms`, `total_ms`): each attempt sends the same bytes,
+        and a `Retrying` event comes before it (with `resend`, what the events showed so far is
+        superseded: the answer starts again). Raises what `chat` raises, once the retries are
+        spent or the failure is not retried."""
+        sink = _sink(on_event)
         with self.stream_with_retry(req, cancel) as stream:
-            return stream.run(on_event)
+            return stream.run(sink)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
         """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
@@ -230,3 +250,14 @@ class Client:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _ignore(event: object) -> None:
+    """The events of a call that asked for none."""
+
+
+def _sink(on_event: EventSink | None) -> EventSink:
+    if on_event is None:
+        return _ignore
+    check_sink(on_event)
+    return on_event
