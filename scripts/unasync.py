@@ -8,6 +8,9 @@ signature (`AsyncSocketStream` / `SocketStream`, `AsyncCalls` / `Calls`, ...), s
 
     python scripts/unasync.py          # rewrite the generated files
     python scripts/unasync.py --check  # exit 1 if a generated file is stale, edited or missing
+
+A rule that matches nothing in any source is an error too (both modes): a rule left behind
+after the code it translated is gone hides what the translation really is.
 """
 
 from __future__ import annotations
@@ -28,38 +31,40 @@ SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
     (r"\bawait ", ""),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
-    (r"\b__aiter__\b", "__iter__"),
-    (r"\b__anext__\b", "__next__"),
-    (r"\baclosing\b", "closing"),
     (r"\baclose\b", "close"),
-    (r"\bStopAsyncIteration\b", "StopIteration"),
     (r"\._async\b", "._sync"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
 )
 COMPILED = tuple((re.compile(pattern), replacement) for pattern, replacement in SUBSTITUTIONS)
 
 
-def unasync_line(line: str) -> str:
-    for pattern, replacement in COMPILED:
-        line = pattern.sub(replacement, line)
+def unasync_line(line: str, used: set[int] | None = None) -> str:
+    for index, (pattern, replacement) in enumerate(COMPILED):
+        line, count = pattern.subn(replacement, line)
+        if count and used is not None:
+            used.add(index)
     return line
 
 
-def generated(source: Path) -> str:
+def generated(source: Path, used: set[int] | None = None) -> str:
     text = source.read_text(encoding="utf-8")
     header = f"# Generated from {source.relative_to(ROOT)} by scripts/unasync.py: do not edit.\n"
-    return header + "".join(unasync_line(line) for line in text.splitlines(keepends=True))
+    return header + "".join(unasync_line(line, used) for line in text.splitlines(keepends=True))
 
 
-def targets() -> dict[Path, str]:
-    """Every generated file and the text it must hold."""
+def targets(used: set[int] | None = None) -> dict[Path, str]:
+    """Every generated file and the text it must hold; the rules that matched go into `used`."""
     out: dict[Path, str] = {}
     for folder in FOLDERS:
         source_dir = ROOT / folder
         target_dir = source_dir.with_name("_sync")
         for source in sorted(source_dir.glob("*.py")):
-            out[target_dir / source.name] = generated(source)
+            out[target_dir / source.name] = generated(source, used)
     return out
+
+
+def unused_rules(used: set[int]) -> list[str]:
+    return [SUBSTITUTIONS[index][0] for index in range(len(SUBSTITUTIONS)) if index not in used]
 
 
 def main(argv: list[str]) -> int:
@@ -67,7 +72,13 @@ def main(argv: list[str]) -> int:
     if argv and not check:
         print("usage: unasync.py [--check]", file=sys.stderr)
         return 2
-    wanted = targets()
+    used: set[int] = set()
+    wanted = targets(used)
+    unused = unused_rules(used)
+    for pattern in unused:
+        print(f"scripts/unasync.py: the rule {pattern!r} matches nothing in any source; remove it", file=sys.stderr)
+    if unused:
+        return 1
     stale = [path for path, text in wanted.items() if not path.exists() or path.read_text(encoding="utf-8") != text]
     extra = [
         path

@@ -29,11 +29,10 @@ unasync = load()
     [
         ("    async def read(self, timeout: float) -> bytes:", "    def read(self, timeout: float) -> bytes:"),
         ("        data = await self._recv(left)", "        data = self._recv(left)"),
-        ("        async with contextlib.aclosing(steps):", "        with contextlib.closing(steps):"),
+        ("        async with contextlib.nullcontext(steps):", "        with contextlib.nullcontext(steps):"),
         ("            async for step in steps:", "            for step in steps:"),
         ("class AsyncHttpExchange:", "class HttpExchange:"),
         ("    async def __aenter__(self) -> AsyncClient:", "    def __enter__(self) -> Client:"),
-        ("        raise StopAsyncIteration", "        raise StopIteration"),
         ("from app._async.fetch import fetch", "from app._sync.fetch import fetch"),
         ("-> AsyncGenerator[Step, None]:", "-> Generator[Step, None, None]:"),
         ("await self.aclose()", "self.close()"),
@@ -54,6 +53,7 @@ def test_a_hand_edited_or_missing_twin_fails_the_check(tmp_path: Path, monkeypat
     (source_dir / "mod.py").write_text("async def f() -> None:\n    await g()\n")
     monkeypatch.setattr(unasync, "ROOT", tmp_path)
     monkeypatch.setattr(unasync, "FOLDERS", ("pkg/_async",))
+    monkeypatch.setattr(unasync, "unused_rules", lambda used: [])  # a tree of one module uses few rules
 
     assert unasync.main(["--check"]) == 1  # missing
     assert unasync.main([]) == 0
@@ -67,3 +67,17 @@ def test_a_hand_edited_or_missing_twin_fails_the_check(tmp_path: Path, monkeypat
     (tmp_path / "pkg" / "_sync" / "stray.py").write_text("")
     unasync.main([])
     assert not (tmp_path / "pkg" / "_sync" / "stray.py").exists(), "a twin without a source is removed"
+
+
+def test_a_rule_that_matches_nothing_in_any_source_fails_both_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    rules = (*unasync.SUBSTITUTIONS, (r"\bNoSuchNameAnywhere\b", "X"))
+    monkeypatch.setattr(unasync, "SUBSTITUTIONS", rules)
+    monkeypatch.setattr(unasync, "COMPILED", tuple((unasync.re.compile(p), r) for p, r in rules))
+
+    assert unasync.main(["--check"]) == 1
+
+
+def test_every_rule_of_the_table_matches_a_source_today() -> None:
+    used: set[int] = set()
+    unasync.targets(used)
+    assert unasync.unused_rules(used) == []
