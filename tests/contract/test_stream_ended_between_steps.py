@@ -47,7 +47,8 @@ pytestmark = pytest.mark.timeout(20)
 WITHIN_S = 0.1
 # One word, then nothing (the server goes on generating as far as the client can tell).
 HELD = sse_reply([chunk({"content": "Paris"}, n=1)], done=False, end=End.SILENCE)
-# Ten words 40 ms apart, then the final chunk.
+# Ten words 40 ms apart, then the final chunk. Every client here allows 5 s of silence: these
+# tests are of who may read a stream, and a busy machine's scheduling gap is no stall.
 SLOW = sse_reply([*(chunk({"content": f" w{n}"}, n=n) for n in range(1, 11)), chunk(finish="stop", n=11)], delay_s=0.04)
 
 
@@ -156,7 +157,7 @@ def _second_reader(stream: EventStream | AsyncEventStream, how: str) -> Any:
 )
 def test_a_second_thread_stepping_a_stream_being_read_is_refused(server: FakeServer, reader: str, second: str) -> None:
     server.route(*CHAT, SLOW)
-    client = Container(config=config_for(server.socket_path)).client()
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
     first = threading.Event()
     seen: list[ChatEvent] = []
     with client.stream(REQ) as stream:
@@ -258,7 +259,7 @@ async def test_a_second_task_stepping_a_stream_being_read_is_refused(
     server: FakeServer, reader: str, second: str
 ) -> None:
     server.route(*CHAT, SLOW, sse_reply(ANSWER))
-    client = Container(config=config_for(server.socket_path)).async_client()
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
     first = asyncio.Event()
     seen: list[ChatEvent] = []
     async with client.stream(REQ) as stream:
@@ -296,7 +297,7 @@ async def test_a_second_task_stepping_a_stream_being_read_is_refused(
 @pytest.mark.asyncio
 async def test_a_second_loop_refused_and_dropped_leaves_a_third_refused_too(server: FakeServer) -> None:
     server.route(*CHAT, SLOW)
-    client = Container(config=config_for(server.socket_path)).async_client()
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
     async with client.stream(REQ) as stream:
         first_loop = aiter(stream)
         assert isinstance(await anext(first_loop), Content)
@@ -352,7 +353,7 @@ def test_a_cancel_in_the_main_thread_holding_the_clients_lock_never_deadlocks(se
 
 def test_a_second_loop_refused_leaves_the_first_reading_to_the_end(server: FakeServer) -> None:
     server.route(*CHAT, SLOW)
-    client = Container(config=config_for(server.socket_path)).client()
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).client()
     stream = client.stream(REQ)
     first = iter(stream)
     assert next(first) == Content(" w1")  # the first loop, between two steps
@@ -448,7 +449,7 @@ async def test_leaving_the_async_with_block_waits_for_an_end_another_task_began(
 @pytest.mark.asyncio
 async def test_a_second_async_loop_refused_leaves_the_first_reading_to_the_end(server: FakeServer) -> None:
     server.route(*CHAT, SLOW)
-    client = Container(config=config_for(server.socket_path)).async_client()
+    client = Container(config=config_for(server.socket_path, liveness_ms=5000)).async_client()
     stream = client.stream(REQ)
     first = aiter(stream)
     assert await anext(first) == Content(" w1")

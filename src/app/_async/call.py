@@ -28,15 +28,16 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from logging import DEBUG
 from typing import TypeVar
 
-from app._async.fetch import check_stream_head, fetch, stop
+from app._async.fetch import check_stream_head, named_cut, post_control, stop
 from app._async.flight import Flight, Refused
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
-from app.call_log import resent_at_once, retrying
+from app.call_log import log_resent_at_once, log_retry
 from app.calls import AsyncUncut
 from app.event_stream import Step
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
+from domain.attempt import Input
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
@@ -47,12 +48,9 @@ from domain.gate import Ticket
 from domain.limits import ClientLimits
 from domain.llama_api import (
     CHAT_PATH,
-    CONTROL_PATH,
     CONVERSATION_HEADER,
-    MODELS_PATH,
     REATTACH_REFUSED,
     STREAM_PATH,
-    control_refusal,
     reattach_later,
     reattach_path,
     stop_path,
@@ -61,7 +59,6 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
-from domain.router_api import model_status, unloaded_cut
 from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
@@ -118,18 +115,17 @@ class AsyncLlamaCalls:
     async def sleep(self, seconds: float, token: CancelToken) -> None:
         await self._clock.sleep(seconds, token)
 
-    def retrying(self, slot: int, attempts: Attempts, error: InferError, *, offset: int | None = None) -> Retrying:
-        """The `Retrying` after the attempt failed with `error`, or `error` raised if not retried (`call_log`)."""
-        return retrying(slot, attempts, error, self._clock.now(), offset=offset)
+    def now(self) -> float:
+        return self._clock.now()
 
     async def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, attempts: Attempts, *, resend: bool, flight: Flight
+        self, req: ChatRequest, body: bytes, token: CancelToken, flight: Flight
     ) -> AsyncGenerator[Step, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
         or stalled after its head is re-attached (`_take_off`) and fed on into the same
         `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
-        slot, clock = req.slot, self._clock
+        slot, clock, machine = req.slot, self._clock, flight.machine
         ticket = self._queue.enter(slot)
         try:
             if ticket.ahead:
@@ -138,11 +134,13 @@ class AsyncLlamaCalls:
                 async for queued in self._queued(ticket, slot, token):
                     yield queued
                 flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
+            machine.happened(Input.SLOT_FREE)
             prediction, rendered = await self.cache.before(req, body, token, loaded=flight.loaded)
+            machine.happened(Input.PREPARED)
             if prediction is not None:
                 yield prediction
             while True:
-                async for event in self._take_off(req, body, flight, attempts, token, resend=resend):
+                async for event in self._take_off(req, body, flight, token):
                     yield event
                 exchange, stream = flight.flying()
                 read = exchange.read
@@ -170,6 +168,7 @@ class AsyncLlamaCalls:
                                 raise await self._named(step, token) if isinstance(step, StreamClosedEarly) else step
                             flight.consumed, cut = consumed, step  # late bytes past the limit: a stall
                         elif isinstance(step, Completion):
+                            machine.happened(Input.COMPLETED)
                             flight.landed()
                             self.cache.landed(req, body, rendered, prediction, step)
                             yield step
@@ -178,7 +177,7 @@ class AsyncLlamaCalls:
                             if flight.first:
                                 flight.first_token(step, now())
                             yield step
-                async for retrying in self._after_break(slot, attempts, flight, cut, token):
+                async for retrying in self._after_cut(slot, flight, cut, token):
                     yield retrying
         finally:
             flight.close()
@@ -189,12 +188,13 @@ class AsyncLlamaCalls:
                 self._queue.leave(ticket)
 
     async def _take_off(
-        self, req: ChatRequest, body: bytes, flight: Flight, attempts: Attempts, token: CancelToken, *, resend: bool
+        self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
     ) -> AsyncGenerator[Waiting | Retrying, None]:
         """Until the flight has a connection to read: the request under a new id, its head
-        awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; each failure a
-        `Retrying`, its wait. A refused re-attach re-sends, if `resend`."""
-        slot, now = req.slot, self._clock.now
+        awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; a break after
+        the head a `Retrying` and its wait (before it, raised: the call re-sends). A refused
+        re-attach re-sends at once, if the call may."""
+        slot, now, machine = req.slot, self._clock.now, flight.machine
         while True:
             try:
                 if flight.stream is None:  # a request, under a new id (one frame: no generator of its own)
@@ -203,6 +203,7 @@ class AsyncLlamaCalls:
                         while isinstance(head := await exchange.head(wait.timeout(now())), TimedOut):
                             decision = wait.on_poll(now(), await self.probe.state(slot, token))
                             token.raise_if_cancelled()
+                            machine.happened(Input.POLLED)
                             yield decision.event
                             if decision.error is not None:
                                 raise decision.error
@@ -216,29 +217,37 @@ class AsyncLlamaCalls:
                         raise
                     stream.resumed(started := now())
                     flight.take_off(conversation, exchange, stream, started)
+                    machine.happened(Input.HEAD)
                 elif flight.exchange is None:  # a re-attach, from the bytes consumed
                     await self._reattach(flight, token)
                 return
             except (StreamClosedEarly, Stalled, ConnectError) as broke:
-                async for retrying in self._after_break(slot, attempts, flight, broke, token):
+                if flight.stream is None:
+                    raise  # before the head: nothing to pick up (the call re-sends, if it may)
+                async for retrying in self._after_cut(slot, flight, broke, token):
                     yield retrying
             except Refused:
-                cut = await self._named(flight.refused(), token)
-                if not resend:
-                    raise cut from None
+                machine.name_cut(cut := await self._named(machine.refused_cut(), token))
+                flight.forget_stream()
+                event = machine.refused()  # the cut raised, if the call may not re-send
                 if flight.generating is not None:  # a lost offset: it may still be running
                     await self._stop(flight.generating)
-                yield resent_at_once(slot, attempts, cut)
+                log_resent_at_once(slot, event.attempt, cut)
+                yield event
 
-    async def _after_break(
-        self, slot: int, attempts: Attempts, flight: Flight, broke: InferError, token: CancelToken
+    async def _after_cut(
+        self, slot: int, flight: Flight, broke: InferError, token: CancelToken
     ) -> AsyncGenerator[Retrying, None]:
-        """A break (a cut, a stall, a failed re-attach): raised before the head, else a `Retrying` and its wait."""
+        """A break after the head (a cut, a stall, a failed re-attach): a `Retrying`, its wait,
+        then a re-attach; or raised, when the retry policy allows no more."""
         token.raise_if_cancelled()  # a cancel's own shutdown of the connection: no break, the call ends
-        event = self.retrying(slot, attempts, flight.broke(broke), offset=flight.consumed)
-        yield event
-        await self._clock.sleep(event.after_ms / 1000.0, token)
+        flight.close()
+        machine, now = flight.machine, self._clock.now()
+        taken = machine.cut_at(broke, now, flight.consumed)
+        yield log_retry(slot, machine.attempts, taken, now, offset=flight.consumed)
+        await self._clock.sleep(taken.after_s, token)
         token.raise_if_cancelled()
+        machine.happened(taken.then)
 
     async def _open(
         self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
@@ -251,6 +260,7 @@ class AsyncLlamaCalls:
             "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
+        flight.machine.happened(Input.SENT)
         try:
             self._ids.refill()  # the next request's id, made while this one's answer is awaited
             sent = self._clock.now()
@@ -284,17 +294,12 @@ class AsyncLlamaCalls:
             exchange.close()
             raise
         flight.picked_up(exchange, offset)
+        flight.machine.happened(Input.PICKED_UP)
         flight.stream.resumed(self._clock.now(), tail)
 
     async def _named(self, cut: InferError, token: CancelToken) -> InferError:
-        """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
-        named for an unload when a router's `/models` says the model is gone."""
-        try:
-            listing = await fetch(self._transport, self._clock, "GET", MODELS_PATH, None, self._limits.control(), token)
-        except InferError:
-            token.raise_if_cancelled()
-            return cut
-        return unloaded_cut(cut, model_status(listing, self._settings.model))
+        """A cut the server cannot mend, named for an unload when a router says so (`named_cut`)."""
+        return await named_cut(self._transport, self._clock, self._limits.control(), self._settings.model, cut, token)
 
     async def _stop(self, conversation: str) -> None:
         """Stop the generation of `conversation` (closing its connection no longer does): a
@@ -315,16 +320,9 @@ class AsyncLlamaCalls:
             ahead = moved
 
     async def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
-        """End the thinking block on a second connection: None on `{"success": true}`, else why not."""
-        try:
-            body = build_control_body(completion_id, self._settings.model)
-            answer = await fetch(
-                self._transport, self._clock, "POST", CONTROL_PATH, body, self._limits.control(), token
-            )
-            return control_refusal(answer)
-        except InferError as exc:
-            token.raise_if_cancelled()
-            return f"{type(exc).__name__}: {exc}"
+        """End the thinking block on a second connection: None if accepted, else why not."""
+        body = build_control_body(completion_id, self._settings.model)
+        return await post_control(self._transport, self._clock, body, self._limits.control(), token)
 
     # -- slot checkpoints ---------------------------------------------------------------------
 

@@ -23,16 +23,19 @@ from typing import NoReturn
 
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
+from domain.cancel import CancelToken
 from domain.errors import HttpError, InferError, ModelNotLoaded, Stalled, http_error, loggable
 from domain.limits import ClientLimits
 from domain.llama_api import (
+    CONTROL_PATH,
     MODELS_PATH,
     SLOTS_PATH,
+    control_refusal,
     not_a_stream,
     slot_state,
     with_model,
 )
-from domain.router_api import model_state, refused_state
+from domain.router_api import model_state, model_status, refused_state, unloaded_cut
 from ports.clock import AsyncClock
 from ports.slot_probe import SlotState
 from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, ResponseHead, TimedOut
@@ -94,6 +97,32 @@ async def _stop(transport: AsyncTransport, clock: AsyncClock, path: str, wait_s:
         client_log.debug("stopping the generation: no answer within %.0f ms", wait_s * 1000)
     elif head.status >= 300:
         client_log.debug("stopping the generation: HTTP %d", head.status)
+
+
+async def named_cut(
+    transport: AsyncTransport, clock: AsyncClock, limits: FetchLimits, model: str, cut: InferError, token: CancelToken
+) -> InferError:
+    """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
+    named for an unload when a router's `/models` says the model is gone (`unloaded_cut`); as
+    it is when `/models` cannot say."""
+    try:
+        listing = await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token)
+    except InferError:
+        token.raise_if_cancelled()
+        return cut
+    return unloaded_cut(cut, model_status(listing, model))
+
+
+async def post_control(
+    transport: AsyncTransport, clock: AsyncClock, body: bytes, limits: FetchLimits, token: CancelToken
+) -> str | None:
+    """POST the `reasoning_end` control call on a connection of its own: None on
+    `{"success": true}`, else why not (a refusal or a failure, in words)."""
+    try:
+        return control_refusal(await fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token))
+    except InferError as exc:
+        token.raise_if_cancelled()
+        return f"{type(exc).__name__}: {exc}"
 
 
 async def check_stream_head(

@@ -30,10 +30,12 @@ from types import TracebackType
 
 from app._sync.call import LlamaCalls
 from app._sync.flight import Flight
+from app.call_log import log_retry
 from app.calls import CLOSE_WAIT_S, Calls, Inner
 from app.event_stream import EventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
+from domain.attempt import AttemptMachine, Input
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
@@ -148,7 +150,7 @@ class Client:
         llama = self._llama
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            attempts = llama.attempts()
+            machine = AttemptMachine(llama.attempts(), resend=retry)
             body: bytes | None = None
             charged = Charged()
             while True:
@@ -157,26 +159,30 @@ class Client:
                     if body is None:
                         link = llama.info.link_ahead(token)  # connecting while the body renders
                         body = llama.info.render(req, token)
-                    flight = Flight(link, charged)  # `link`: a connection made ahead, used if nothing waits
-                    steps = llama.attempt(req, body, token, attempts, resend=retry, flight=flight)
+                    flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
+                    steps = llama.attempt(req, body, token, flight)
                     try:
                         for step in steps:
                             yield step
                     finally:
                         Inner.close(steps)
                     return
-                except ModelNotLoaded:  # a router asked without loading (the slot count, the prediction)
+                except ModelNotLoaded as error:  # a router asked without loading (the slot count, the prediction)
                     if charged.loaded:
-                        raise  # evicted again at once: not waited for twice
+                        machine.give_up(error)  # evicted again at once: not waited for twice
+                    machine.happened(Input.MODEL_NOT_LOADED)
                     for waiting in llama.info.load(llama.probe, req.slot, token, charged):
                         yield waiting  # loaded for this chat, which would load it anyway
+                    machine.happened(Input.LOADED)
                 except InferError as error:
-                    if not retry or token.cancelled:
+                    if token.cancelled:
                         raise
-                    event = llama.retrying(req.slot, attempts, error)
-                    yield event
-                    llama.sleep(event.after_ms / 1000.0, token)
+                    now = llama.now()
+                    taken = machine.failed(error, now)  # raised, if not retried
+                    yield log_retry(req.slot, machine.attempts, taken, now)
+                    llama.sleep(taken.after_s, token)
                     token.raise_if_cancelled()
+                    machine.happened(taken.then)
                 finally:
                     if link is not None:
                         link.close()  # never sent on; once it was, its exchange has closed it already

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from domain.attempt import AttemptMachine
 from domain.chat_stream import ChatStream
-from domain.errors import ConnectError, InferError, StreamClosedEarly
 from domain.events import Progress
 from domain.waiting import Charged
 from ports.transport import Exchange, Link
@@ -18,32 +18,33 @@ log = logging.getLogger("inferpath.client")
 
 
 class Flight:
-    """One attempt's request in the air: its conversation, the connection it reads, the stream
-    it feeds and the body bytes it consumed; `generating` names the conversation the server may
-    still be generating for (stopped when the attempt ends without its `Completion`)."""
+    """The I/O handles of one attempt's request in the air, beside the call's `machine` (its
+    phase and decisions): its conversation, the connection it reads, the stream it feeds and the
+    body bytes it consumed; `generating` names the conversation the server may still be
+    generating for (stopped when the attempt ends without its `Completion`)."""
 
     __slots__ = (
         "charged",
         "consumed",
         "conversation",
-        "cut",
         "exchange",
         "first",
         "generating",
         "link",
+        "machine",
         "queued_s",
         "started",
         "stream",
     )
 
-    def __init__(self, link: Link | None = None, charged: Charged | None = None) -> None:
+    def __init__(self, machine: AttemptMachine, link: Link | None = None, charged: Charged | None = None) -> None:
+        self.machine = machine
         self.charged = charged  # what waiting for a router's load cost, until the first request
         self.link = link  # a connection made ahead for the first request, until it is sent or dropped
         self.conversation: str | None = None
         self.generating: str | None = None
         self.exchange: Exchange | None = None
         self.stream: ChatStream | None = None
-        self.cut: InferError | None = None
         self.consumed = 0
         self.started = 0.0
         self.first = True
@@ -69,7 +70,6 @@ class Flight:
         self.conversation = conversation
         self.exchange = exchange
         self.stream = stream
-        self.cut = None
         self.consumed = 0
         self.started = now
         self.first = True
@@ -78,32 +78,15 @@ class Flight:
         assert self.exchange is not None and self.stream is not None
         return self.exchange, self.stream
 
-    def broke(self, error: InferError) -> InferError:
-        """The connection broke (or stalled, or a re-attach failed): `error` raised as it is
-        before the head (nothing to pick up), else returned, the connection closed; a re-attach
-        that could not connect is still the cut stream (`StreamClosedEarly`, retried alike)."""
-        if self.stream is None:
-            raise error
-        if isinstance(error, ConnectError):  # a re-attach that could not connect: still the cut stream
-            error = StreamClosedEarly(f"the stream could not be picked up again: {error}")
-        if self.cut is None:  # the break a re-attach mends: the failed re-attaches after it are not it
-            self.cut = error
-        self.close()
-        return error
-
     def picked_up(self, exchange: Exchange, offset: int) -> None:
         """A re-attach answered: the stream goes on on `exchange` from body byte `offset` (a
-        little before where it broke: read again, and checked), its break mended."""
+        little before where it broke: read again, and checked)."""
         self.exchange = exchange
         self.consumed = offset
-        self.cut = None
 
-    def refused(self) -> InferError:
-        """A re-attach was refused: the break it would have mended (not a re-attach that failed
-        after it), and a fresh start."""
-        assert self.cut is not None
+    def forget_stream(self) -> None:
+        """A re-attach was refused: the stream cannot go on; the next request starts afresh."""
         self.stream = self.conversation = None
-        return self.cut
 
     def first_token(self, step: object, now: float) -> None:
         if self.first and not isinstance(step, Progress):
