@@ -403,7 +403,7 @@ def clients(socket_path: str, marks: Marks, *, model: str, total_slots: int, n_c
 def request_bytes(client: Any) -> Callable[[], bytes]:
     """The bytes the client sends for the bench's request, each time under a new conversation id."""
     from adapters.uds_http.response import render
-    from domain.conversation_ids import new_conversation_id
+    from app.conversation_ids import new_conversation_id
     from domain.llama_api import CONVERSATION_HEADER
 
     body = client.render(bench_request())

@@ -31,7 +31,7 @@ def run(quick: bool = False) -> list[Row]:
     sys.path.insert(0, str(ROOT / "src"))
     import first_token_bench as ft
     from adapters.uds_http.sockets import SocketAhead
-    from domain.conversation_ids import ConversationIds
+    from app.conversation_ids import ConversationIds
 
     class NoneAhead(SocketAhead):
         """A transport's holder that never makes a socket ahead: every connect makes its own."""

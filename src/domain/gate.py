@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -139,25 +138,28 @@ class SlotGate:
         return ticket
 
     def wait(self, ticket: Ticket, cancel: CancelToken | None = None, timeout: float | None = None) -> int | None:
-        """Block until the ticket holds its slot (0) or moved up the queue (the new `ahead`), or
-        `timeout` seconds passed with no move (None); raises the token's error if it is
+        """Block until the ticket holds its slot (0) or moved up the queue (the new `ahead`); with
+        a `timeout`, for one wait of at most that many seconds, then None if it has not moved
+        (maybe sooner: a wake-up for another waiter): the caller keeps its deadline on its own
+        clock and asks again, so the gate reads no clock. Raises the token's error if it is
         cancelled first (the caller then `leave`s)."""
         state = ticket.state
         forget = cancel.on_cancel(lambda: self._wake(state)) if cancel is not None else None
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             with self._lock:
                 while (ahead := state.moved(ticket)) is None:
                     if cancel is not None and cancel.cancelled:
                         raise cancel.error()
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
+                    if timeout is not None and timeout <= 0:
                         return None
+                    step = timeout
                     if cancel is not None:
                         # A cancel from a signal handler that lands between the look above and the
                         # wait below wakes nobody (the lock is re-entrant): look again this often.
-                        left = _CANCEL_LOOK_S if left is None else min(left, _CANCEL_LOOK_S)
-                    state.cond.wait(left)
+                        step = _CANCEL_LOOK_S if step is None else min(step, _CANCEL_LOOK_S)
+                    state.cond.wait(step)
+                    if timeout is not None:  # one wait at most: the caller's clock says how long
+                        timeout = 0.0
                 ticket.ahead = ahead
                 return ahead
         finally:

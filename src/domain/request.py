@@ -25,7 +25,6 @@ and placed by `domain.request_options`; unset, they change nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from domain.errors import RequestError, shown
@@ -42,35 +41,13 @@ from domain.messages import (
 )
 from domain.request_options import (
     INT32_MAX,
-    SAMPLING_FIELDS,
     checked_response_format,
     sampling_fields,
     stop_strings,
 )
+from domain.request_options import RequestSettings as RequestSettings  # its home: request_options
 
 CONTROL_ACTION = "reasoning_end"
-
-
-@dataclass(frozen=True, slots=True)
-class RequestSettings:
-    """What every request carries besides its inputs. `None` leaves a sampling field out."""
-
-    model: str
-    max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    # Sent as `thinking_budget_tokens` with every thinking request: the server ends the thinking
-    # block at exactly this many tokens. None sends nothing (the client's reasoning_end call alone).
-    thinking_budget: int | None = None
-    # The sampling fields set, in their fixed order: what a request without `sampling` sends.
-    sampled: tuple[tuple[str, float | int], ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        sampled = tuple((name, value) for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None)
-        object.__setattr__(self, "sampled", sampled)
 
 
 def _text(value: object, where: str, *, optional: bool = False) -> str | None:

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from domain.errors import RequestError, shown
 from domain.json_check import MAX_JSON_DEPTH, json_tree, valid_text
 from domain.messages import Sampling
-
-if TYPE_CHECKING:
-    from domain.request import RequestSettings
 
 __all__ = [
     "FLOAT32_MAX",
@@ -40,6 +38,7 @@ __all__ = [
     "RESPONSE_FORMAT_TYPES",
     "SAMPLING_FIELDS",
     "UINT32_MAX",
+    "RequestSettings",
     "checked_response_format",
     "sampling_fields",
     "stop_strings",
@@ -94,6 +93,28 @@ def _sampling_override(name: str, value: object) -> float | int:
     if name == "seed":
         return _integer(value, where, RANDOM_SEED, UINT32_MAX)
     return _number(value, where, 0.0, 1.0)  # top_p, min_p
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSettings:
+    """What every request carries besides its inputs. `None` leaves a sampling field out."""
+
+    model: str
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    # Sent as `thinking_budget_tokens` with every thinking request: the server ends the thinking
+    # block at exactly this many tokens. None sends nothing (the client's reasoning_end call alone).
+    thinking_budget: int | None = None
+    # The sampling fields set, in their fixed order: what a request without `sampling` sends.
+    sampled: tuple[tuple[str, float | int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sampled = tuple((name, value) for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None)
+        object.__setattr__(self, "sampled", sampled)
 
 
 def sampling_fields(override: object, settings: RequestSettings) -> dict[str, Any]:

@@ -19,7 +19,6 @@ Pinned where the brief is silent:
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,13 +53,14 @@ class RetryDecision:
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """The schedule; every setting is required (the brief's values are the config's defaults).
-    `rng` defaults to a fresh unseeded source, so clients restarted together do not retry in step."""
+    `rng` is the jitter's source, given by the caller: the container gives each a fresh unseeded
+    `random.Random`, so clients restarted together do not retry in step."""
 
     attempts: int
     delays_ms: tuple[int, ...]
     jitter: float
     total_ms: int
-    rng: Uniform = field(default_factory=random.Random, compare=False, repr=False)
+    rng: Uniform = field(compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:

@@ -526,3 +526,45 @@ def test_the_tcp_rule_covers_all_but_the_proxy_and_sees_the_proxys_tcp() -> None
         "adapters/fake_server/server.py",
     } <= checked
     assert tcp_uses((SRC / "adapters" / "proxy" / "connection.py").read_text(encoding="utf-8")) != []
+
+
+# The domain decides; it reads no clock, no randomness and nothing of the OS: times come in as
+# values or through the Clock port, ids and jitter from sources the app gives it. Locks stay
+# (`threading`: a `CancelToken` and the slot gate are values shared across threads).
+IMPURE_IN_DOMAIN = ("os", "random", "secrets", "socket", "time", "uuid", "select", "signal", "asyncio")
+
+
+def test_the_domain_reads_no_clock_randomness_or_os() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)}:{line}: {module}"
+        for path in python_files(SRC / "domain")
+        for line, module in imported_modules(path)
+        if module.split(".")[0] in IMPURE_IN_DOMAIN
+    ]
+    assert offenders == []
+
+
+def domain_imports(path: Path) -> set[str]:
+    """The domain modules `path` imports, `TYPE_CHECKING` blocks included (a cycle there is one too)."""
+    found = set()
+    for _, module in imported_modules(path):
+        parts = module.split(".")
+        if parts[0] == "domain" and len(parts) >= 2 and (SRC / "domain" / f"{parts[1]}.py").exists():
+            found.add(parts[1])
+    return found - {path.stem}
+
+
+def test_no_domain_module_imports_one_that_imports_it_back() -> None:
+    graph = {path.stem: domain_imports(path) for path in python_files(SRC / "domain") if path.stem != "__init__"}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    cycles.append(" -> ".join([*trail, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+    assert cycles == []

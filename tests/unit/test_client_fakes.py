@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pytest_mock import MockerFixture
 
-import domain.conversation_ids as conversation_ids
+import app.conversation_ids as conversation_ids
 from adapters.fake_server import (
     NEVER,
     AsyncFakeClock,

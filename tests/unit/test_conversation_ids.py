@@ -9,8 +9,8 @@ import threading
 
 from pytest_mock import MockerFixture
 
-import domain.conversation_ids as conversation_ids
-from domain.conversation_ids import ConversationIds
+import app.conversation_ids as conversation_ids
+from app.conversation_ids import ConversationIds
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
 

@@ -145,7 +145,7 @@ def test_zero_jitter_waits_exactly_the_delay() -> None:
 )
 def test_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**{**BRIEF, **kwargs})
+        RetryPolicy(**{**BRIEF, **kwargs}, rng=random.Random())
 
 
 def test_attempt_numbers_start_at_one() -> None:
@@ -184,15 +184,26 @@ def test_a_policy_has_no_schedule_of_its_own_and_the_containers_is_the_briefs() 
     assert (p.attempts, p.delays_ms, p.jitter, p.total_ms) == (4, (2000, 8000, 30_000), 0.25, 300_000)
 
 
-def test_default_random_sources_are_independent_and_unseeded() -> None:
-    # Clients restarted together must not retry in step: two default policies draw different
+def test_the_containers_random_sources_are_independent_and_unseeded() -> None:
+    # Clients restarted together must not retry in step: two containers' policies draw different
     # waits (three draws over ranges of 1001, 4001 and 15001 values; a tie is out of reach).
+    def policy_of_a_new_container() -> RetryPolicy:
+        retry: RetryPolicy = (
+            Container(config=parse_config({"socket": "/nonexistent/infer.sock"})).client()._llama._retry
+        )
+        return retry
+
     def schedule() -> list[int]:
-        p = RetryPolicy(**BRIEF)
+        p = policy_of_a_new_container()
         return [p.decide(n, Stalled("s"), 0).after_ms for n in (1, 2, 3)]
 
-    assert RetryPolicy(**BRIEF).rng is not RetryPolicy(**BRIEF).rng
+    assert policy_of_a_new_container().rng is not policy_of_a_new_container().rng
     assert schedule() != schedule()
+
+
+def test_a_policy_takes_its_random_source_from_the_caller() -> None:
+    with pytest.raises(TypeError):
+        RetryPolicy(attempts=4, delays_ms=(1,), jitter=0.25, total_ms=10)  # type: ignore[call-arg]
 
 
 def test_a_policy_is_its_settings_not_its_random_source() -> None:
@@ -224,7 +235,7 @@ def test_a_zero_delay_is_allowed_and_retries_at_once() -> None:
 )
 def test_more_bad_settings_are_refused(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**{**BRIEF, **kwargs})
+        RetryPolicy(**{**BRIEF, **kwargs}, rng=random.Random())
 
 
 def test_a_refusal_says_why_and_carries_no_attempt_or_wait() -> None:
@@ -299,9 +310,9 @@ def schedule(**changes: object) -> dict[str, object]:
 )
 def test_a_schedule_that_cannot_work_is_refused_saying_why(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError) as caught:
-        RetryPolicy(**schedule(**changes))  # type: ignore[arg-type]
+        RetryPolicy(**schedule(**changes), rng=random.Random())  # type: ignore[arg-type]
     assert str(caught.value) == message
 
 
 def test_a_budget_of_one_millisecond_is_taken() -> None:
-    assert RetryPolicy(**schedule(total_ms=1)).total_ms == 1  # type: ignore[arg-type]
+    assert RetryPolicy(**schedule(total_ms=1), rng=random.Random()).total_ms == 1  # type: ignore[arg-type]

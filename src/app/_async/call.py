@@ -34,6 +34,7 @@ from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
 from app.call_log import log_resent_at_once, log_retry
 from app.calls import AsyncUncut
+from app.conversation_ids import ConversationIds
 from app.event_stream import Step
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
@@ -41,7 +42,6 @@ from domain.attempt import Input
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
-from domain.conversation_ids import ConversationIds
 from domain.errors import ConnectError, InferError, Stalled, StreamClosedEarly
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket

@@ -35,6 +35,7 @@ from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
 from app.call_log import log_resent_at_once, log_retry
 from app.calls import Uncut
+from app.conversation_ids import ConversationIds
 from app.event_stream import Step
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
@@ -42,7 +43,6 @@ from domain.attempt import Input
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
-from domain.conversation_ids import ConversationIds
 from domain.errors import ConnectError, InferError, Stalled, StreamClosedEarly
 from domain.events import Queued, Retrying, Waiting
 from domain.gate import Ticket
