@@ -70,7 +70,7 @@ def test_a_spare_connects_ahead_and_its_client_goes_up_that_very_connection(tmp_
         running_proxy(str(tmp_path / "p.sock"), upstream.address, ready_every=READY_EVERY_S) as proxy,
     ):
         assert eventually(lambda: upstream.accepted == 1, 2.0)  # before any client
-        assert proxy.proxy.open_connections == 0  # and it counts against no limit
+        assert proxy.proxy.open_connections == 0  # a spare's, with no client yet
         with proxy.connect() as client:
             assert round_trip(client, b"ping") == b"ping"
         assert proxy.proxy.wait_idle(2)

@@ -1,7 +1,8 @@
 """The spare connection: two threads started before a client arrives, with its splice pipes made
-ahead. It counts against neither limit until a client takes it, and dies with the proxy. These
-tests run it without connections made ahead (`ready_every=None`, the harness's default), so every
-upstream connection counted is a client's; `test_proxy_ready.py` has those made ahead."""
+ahead. It holds one of the `--max-conns` places (not an accept token), which a client takes over,
+and dies with the proxy. These tests run it without connections made ahead (`ready_every=None`,
+the harness's default), so every upstream connection counted is a client's; `test_proxy_ready.py`
+has those made ahead, and `test_proxy_spare_limit.py` the upstream's count with the spare's."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_the_spare_waits_with_its_threads_and_without_connections_ahead_opens_no
         assert spare_threads() == ["inferproxy-2-spare", "inferproxy-2-spare-back"]
 
 
-def test_the_spare_counts_against_no_limit_and_the_limit_still_refuses_the_third(tmp_path: Path) -> None:
+def test_the_spare_takes_no_place_from_a_client_and_the_limit_still_refuses_the_third(tmp_path: Path) -> None:
     with (
         LoopbackUpstream(echo) as upstream,
         running_proxy(str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=2)) as proxy,
@@ -65,9 +66,10 @@ def test_the_spare_counts_against_no_limit_and_the_limit_still_refuses_the_third
             assert proxy.proxy.open_connections == 2
             with proxy.connect() as third:
                 third.settimeout(2)
-                assert third.recv(1) == b""  # closed at once: two are open, whatever waits ahead
+                assert third.recv(1) == b""  # closed at once: two are open
             assert proxy.lines == ["refused a connection: 2 connections already open"]
             assert upstream.accepted == 2
+            assert spare_threads() == []  # both places are the clients': no spare holds a third
         finally:
             for client in two:
                 client.close()

@@ -1,8 +1,8 @@
 """One forwarded connection: a client on the Unix socket and its own TCP connection upstream.
 
 Two threads per connection, both started before a client arrives (a spare, made by the accept
-loop ahead of time: it counts against no limit until `take` hands it a client, and an `abort`
-before that ends it). The first moves client → upstream; the second keeps the spare's upstream
+loop ahead of time, which counts it against `max_conns` from then on: `take` hands it a client,
+or an `abort` ends it). The first moves client → upstream; the second keeps the spare's upstream
 connection ready, then moves upstream → client. Invariants:
 - A spare's second thread connects upstream ahead (`_keep_ready`): one attempt each
   `READY_EVERY_S`, each connection kept until the next attempt or until the upstream drops it

@@ -14,15 +14,20 @@ Invariants:
   process's stderr) is written without blocking; the loop watches its descriptor while lines wait.
   Out of descriptors, accepting pauses briefly by leaving the listener out of the select, not by
   sleeping.
-- A connection counts against `max_conns` from accept until both its sockets are closed; a
-  client that sends nothing gives its place back after `first_byte_timeout` (`Connection`).
+- A connection counts against `max_conns` from accept (a spare: from when it is made) until both
+  its sockets are closed; a client that sends nothing gives its place back after
+  `first_byte_timeout` (`Connection`).
 - One spare connection (its two threads started, its upstream connection made ahead, no client)
   waits for the next client, so an accept hands a client over instead of starting threads and
   connecting, and what the client has sent by then goes up at once (`Connection.forward_first`).
-  It counts against neither limit until it takes a client; a client that finds no spare gets a
-  connection made there and then. The next spare is made `SPARE_AFTER_S` after a client took the
-  last one, not at once: starting threads holds the GIL, which the connection just taken needs
-  for its first bytes. The spare is aborted and joined when `serve()` ends.
+  It counts against `max_conns` (not the bucket: it was never accepted), as its connection ahead
+  holds one of the upstream's HTTP threads like a client's: the spare and the open connections
+  are never more than `max_conns` together, so none is made while every place is in use, and a
+  connection that ends wakes the loop to make one. A client takes the spare whenever there is
+  one (the spare held its place); one that finds none gets a connection made there and then. The
+  next spare is made `SPARE_AFTER_S` after a client took the last one, not at once: starting
+  threads holds the GIL, which the connection just taken needs for its first bytes. The spare is
+  aborted and joined when `serve()` ends.
 """
 
 import contextlib
@@ -194,7 +199,8 @@ class Proxy:
 
     def _select_timeout(self) -> float | None:
         timeouts = [self._refusals.seconds_until_due()]
-        for due in (self._resume_accept_at, self._spare_at):
+        # A spare that waits for a place is not timed: the connection that frees one wakes the loop.
+        for due in (self._resume_accept_at, self._spare_at if self._room() else None):
             if due is not None:
                 timeouts.append(max(0.0, due - time.monotonic()))
         known = [t for t in timeouts if t is not None]
@@ -296,8 +302,14 @@ class Proxy:
     def _spare_due(self) -> bool:
         return self._spare is None and self._spare_at is not None
 
+    def _room(self) -> bool:
+        """Whether a place is free for a spare: the open connections leave one."""
+        with self._changed:
+            return len(self._open) < self._limits.max_conns
+
     def _make_spare(self) -> None:
-        if self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at:
+        due = self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at
+        if due and self._room():
             spare = self._new_connection(spare=True)
             with self._changed:
                 self._spare = spare
@@ -358,6 +370,10 @@ class Proxy:
             self._open.discard(connection)
             self._finished.append(connection.thread)
             self._changed.notify_all()
+            spare_waits = self._spare_due()
+        if spare_waits:  # perhaps for the place this connection held: the loop sleeps until told
+            with self._wake_lock:  # (as in `_closed`: never a write to a pipe being closed)
+                self._wake()
 
     def _reap(self) -> None:
         # A finished thread has nothing left to run but its return, so joining it is immediate.
