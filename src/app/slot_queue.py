@@ -34,6 +34,10 @@ class SlotQueue:
     def __init__(self, gate: SlotGate) -> None:
         self.gate = gate
 
+    def busy(self, slot: int) -> bool:
+        """Whether `slot` is held or waited for at the gate now (a look, not a place)."""
+        return self.gate.held(slot) or self.gate.waiting(slot) > 0
+
     def enter(self, slot: int) -> Ticket:
         return self.gate.enter(slot)
 
@@ -57,6 +61,10 @@ class AsyncSlotQueue:
 
     def __init__(self, gate: SlotGate) -> None:
         self.gate = gate
+
+    def busy(self, slot: int) -> bool:
+        """Whether `slot` is held or waited for at the gate now (a look, not a place)."""
+        return self.gate.held(slot) or self.gate.waiting(slot) > 0
 
     def enter(self, slot: int) -> Ticket:
         return self.gate.enter(slot)

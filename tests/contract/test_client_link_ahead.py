@@ -1,8 +1,9 @@
-"""A chat connects before it renders its body (`AsyncServerInfo.link_ahead`), so the proxy's
-accept runs meanwhile; the connection is the one its request goes on, and it never outlives the
-call: a body that cannot be rendered closes it, a wait at the slot gate does not hold it, and a
-client that must ask `/props` for the slot count first makes none. Closing the client closes the
-socket its transport made ahead for the next connect."""
+"""A chat that will send its request at once connects as soon as its body is rendered
+(`AsyncServerInfo.link_ahead`), so the proxy's accept runs while the call sets out; the
+connection is the one its request goes on. Nothing connects for a request that is refused, and
+none is made ahead when it would wait or be spent for nothing: a slot busy at the gate, a
+prediction to ask first, a slot count to ask `/props` for. Closing the client closes the socket
+its transport made ahead for the next connect."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import threading
 import pytest
 
 from adapters.fake_server import FakeServer, RecordedRequest, Script, json_reply, sse_reply
-from adapters.proxy.testing import eventually
+from app.config import parse_config
 from app.container import Container
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, REQ, Kind, config_for, recorded
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, EXPECT, LIMITS, REQ, RETRY, Kind, config_for, recorded
 from domain.errors import RequestError
 from domain.events import ChatEvent, Queued
 from domain.messages import ChatRequest
@@ -29,13 +30,21 @@ def test_a_chat_sends_on_the_one_connection_it_made_before_rendering(server: Fak
     assert len(recorded(server, CHAT)) == 1
 
 
-def test_a_body_that_cannot_be_rendered_closes_its_connection(server: FakeServer, client_kind: Kind) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ChatRequest(slot=REQ.slot, messages=REQ.messages, tool_choice="sometimes"),  # type: ignore[arg-type]
+        ChatRequest(slot=REQ.slot, messages=REQ.messages, max_tokens=-1),
+        ChatRequest(slot=99, messages=REQ.messages),
+    ],
+    ids=["tool_choice", "max_tokens", "slot"],
+)
+def test_a_refused_request_connects_nothing(server: FakeServer, client_kind: Kind, bad: ChatRequest) -> None:
     client = client_kind.client_for(server)
-    bad = ChatRequest(slot=REQ.slot, messages=REQ.messages, tool_choice="sometimes")
-    with pytest.raises(RequestError, match="tool_choice"):
-        client.chat(bad, lambda _e: None)
-    assert eventually(lambda: server.accepted == 1)  # made ahead, as for any chat
-    assert eventually(lambda: server.live == 0)  # and closed by the call, nothing sent on it
+    for call in (client.chat, client.chat_with_retry):
+        with pytest.raises(RequestError):
+            call(bad, lambda _e: None)
+    assert server.accepted == 0, "not even a connection: the proxy's accept bucket counts each"
     assert server.requests == []
 
 
@@ -54,9 +63,8 @@ def test_a_chat_queued_at_the_gate_holds_no_connection_while_it_waits(server: Fa
 
     def second_event(event: ChatEvent) -> None:
         if isinstance(event, Queued) and not live_while_queued:
-            # The second call's connection made ahead reached the server and was closed there.
-            assert eventually(lambda: server.accepted == 2 and server.live == 1)
-            live_while_queued.append(server.live)
+            # The slot was busy here: the second call made no connection ahead to drop.
+            live_while_queued.append(server.accepted)
             release.set()
 
     outcome: list[object] = []
@@ -71,6 +79,33 @@ def test_a_chat_queued_at_the_gate_holds_no_connection_while_it_waits(server: Fa
     assert outcome == [ANSWER_COMPLETION]
     assert live_while_queued == [1]
     assert len(recorded(server, CHAT)) == 2
+    assert server.accepted == 2, "one connection per request, none made ahead for nothing"
+
+
+def test_a_predicted_turn_holds_no_connection_open_while_its_prediction_asks(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    live_while_predicting: list[int] = []
+
+    def rendered(request: RecordedRequest) -> Script:
+        live_while_predicting.append(server.live)  # this request's own connection, and no other
+        return json_reply({"prompt": "<|user|>What is the capital of France?"})
+
+    server.route("POST", "/apply-template", rendered)
+    server.route(*CHAT, sse_reply(ANSWER))
+    data = {
+        "socket": server.socket_path,
+        "limits": LIMITS,
+        "retry": RETRY,
+        "expect": EXPECT,
+        "cache": {"predict": True},
+    }
+    client = client_kind.client_of(Container(config=parse_config(data)))
+
+    assert client.chat(REQ, lambda _e: None) == ANSWER_COMPLETION
+
+    assert live_while_predicting == [1]
+    assert server.accepted == len(server.requests), "each connection carried a request"
 
 
 def test_a_client_that_asks_props_for_the_slot_count_connects_for_the_chat_after_it(

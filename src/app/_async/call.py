@@ -112,11 +112,10 @@ class AsyncLlamaCalls:
     def attempts(self) -> Attempts:  # those of a call starting now
         return Attempts(self._retry, self._clock.now())
 
-    async def sleep(self, seconds: float, token: CancelToken) -> None:
-        await self._clock.sleep(seconds, token)
-
-    def now(self) -> float:
-        return self._clock.now()
+    def sends_at_once(self, slot: int) -> bool:
+        """Whether a chat on `slot` sends at once (the slot free here, no prediction first): only
+        then is a connection made ahead for it, never held through a wait nor spent for nothing."""
+        return not self._queue.busy(slot) and not self.cache.wanted(slot)
 
     async def attempt(
         self, req: ChatRequest, body: bytes, token: CancelToken, flight: Flight

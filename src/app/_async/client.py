@@ -77,6 +77,7 @@ class AsyncClient:
         memory: SlotMemory | None = None,
     ) -> None:
         self._calls = AsyncCalls()
+        self._clock = clock
         self._gate = gate
         self._transport = transport
         self._llama = AsyncLlamaCalls(
@@ -156,8 +157,9 @@ class AsyncClient:
                 link = None
                 try:
                     if body is None:
-                        link = await llama.info.link_ahead(token)  # connecting while the body renders
-                        body = await llama.info.render(req, token)
+                        body = await llama.info.render(req, token)  # a request refused connects nothing
+                        if llama.sends_at_once(req.slot):  # the proxy's accept runs while the call sets out
+                            link = await llama.info.link_ahead(token)
                     flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
                     steps = llama.attempt(req, body, token, flight)
                     try:
@@ -176,10 +178,10 @@ class AsyncClient:
                 except InferError as error:
                     if token.cancelled:
                         raise
-                    now = llama.now()
+                    now = self._clock.now()
                     taken = machine.failed(error, now)  # raised, if not retried
                     yield log_retry(req.slot, machine.attempts, taken, now)
-                    await llama.sleep(taken.after_s, token)
+                    await self._clock.sleep(taken.after_s, token)
                     token.raise_if_cancelled()
                     machine.happened(taken.then)
                 finally:

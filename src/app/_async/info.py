@@ -117,10 +117,10 @@ class AsyncServerInfo:
         return await fetch(self._transport, self._clock, "POST", no_autoload(path), body, limits, token)
 
     async def link_ahead(self, token: CancelToken) -> Link | None:
-        """A connection for a chat whose body is about to be rendered, made first, so that the
-        proxy's accept (and its connection upstream) runs while the body renders; None when
-        `render` needs a request first (the slot count unknown) or the connect fails (the chat's
-        own connect then says why)."""
+        """A connection for a chat whose body is rendered and will be sent at once, made first,
+        so that the proxy's accept (and its connection upstream) runs while the call sets out;
+        None when the slot count is unknown (a request for it goes first) or the connect fails
+        (the chat's own connect then says why)."""
         if self._total_slots is None:
             return None
         try:

@@ -78,6 +78,7 @@ class Client:
         memory: SlotMemory | None = None,
     ) -> None:
         self._calls = Calls()
+        self._clock = clock
         self._gate = gate
         self._transport = transport
         self._llama = LlamaCalls(
@@ -157,8 +158,9 @@ class Client:
                 link = None
                 try:
                     if body is None:
-                        link = llama.info.link_ahead(token)  # connecting while the body renders
-                        body = llama.info.render(req, token)
+                        body = llama.info.render(req, token)  # a request refused connects nothing
+                        if llama.sends_at_once(req.slot):  # the proxy's accept runs while the call sets out
+                            link = llama.info.link_ahead(token)
                     flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
                     steps = llama.attempt(req, body, token, flight)
                     try:
@@ -177,10 +179,10 @@ class Client:
                 except InferError as error:
                     if token.cancelled:
                         raise
-                    now = llama.now()
+                    now = self._clock.now()
                     taken = machine.failed(error, now)  # raised, if not retried
                     yield log_retry(req.slot, machine.attempts, taken, now)
-                    llama.sleep(taken.after_s, token)
+                    self._clock.sleep(taken.after_s, token)
                     token.raise_if_cancelled()
                     machine.happened(taken.then)
                 finally:
