@@ -655,6 +655,32 @@ def test_a_non_200_answer_keeps_at_most_error_body_bytes(rig_for: Callable[..., 
     assert caught.value.body == ('{"error":{"code":400,"message":"' + "x" * 100)[:100]
 
 
+EVENT_LINES = 4096  # the least sse_line_bytes the config takes: at most as many data lines an event
+
+
+@pytest.mark.parametrize(
+    ("line", "lines", "error"),
+    [
+        (b"data: x\n", EVENT_LINES, "SSE data is not valid JSON"),
+        (b"data:\n", EVENT_LINES + 1, f"SSE event of more than {EVENT_LINES} data lines"),
+        (b"data: x\n", EVENT_LINES + 1, f"SSE event data over {EVENT_LINES} bytes"),
+    ],
+    ids=["at the caps: its data is read whole", "one line more", "one byte more"],
+)
+def test_an_event_of_many_short_data_lines_ends_the_call_in_the_same_protocol_error(
+    rig_for: Callable[..., Rig], line: bytes, lines: int, error: str
+) -> None:
+    event = line * lines + b"\n"
+    pieces = [event[i : i + 1000] for i in range(0, len(event), 1000)]
+    rig = rig_for({CHAT: sse_reply([ANSWER[0], *pieces], done=False)}, limits={"sse_line_bytes": EVENT_LINES})
+
+    with pytest.raises(ProtocolError) as caught:
+        rig.chat()
+
+    assert str(caught.value).startswith(error)
+    assert rig.events == [Content("Hi")]
+
+
 def test_info_calls_return_typed_results(rig_for: Callable[..., Rig]) -> None:
     template = "{%- for message in messages %}{{ message.content }}{% endfor %}"
     rig = rig_for(
