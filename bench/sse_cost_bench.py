@@ -11,6 +11,8 @@ Pure domain, no sockets: `SseDecoder.feed` is called directly, and CPU is `time.
                                 per-call overhead
     whole events                llama-server's shape, one whole `data: ...` event per feed (the
                                 fast path), and 8 events per feed (the general path): CPU per event
+    many data lines             one event of 300,000 `data: x` lines in 64 KiB feeds: a run of
+                                data lines is taken at once, so it costs about what one line does
 
 `--src PATH` imports the decoder from another source tree (to compare with an older version).
 Run: `.venv/bin/python bench/sse_cost_bench.py [--quick] [--src PATH] [--line-bytes N]`.
@@ -30,6 +32,7 @@ from common import SRC, report
 
 DEFAULT_LINE = (1 << 20) - 64
 SHORT_LINE = 64
+MANY_LINES = 300_000
 EVENT = (
     b'data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" word"}}],"created":1758100000,'
     b'"id":"chatcmpl-Q7x2Q7x2Q7x2Q7x2Q7x2Q7x2Q7x2Q7x2","model":"test-model","object":"chat.completion.chunk",'
@@ -88,6 +91,8 @@ def run(quick: bool = False, src: Path = SRC, line_bytes: int = DEFAULT_LINE) ->
     events = 5000
     whole = cpu(feeder(cls, EVENT * events, len(EVENT), max_line), repeats * 4)
     eight = cpu(feeder(cls, EVENT * events, len(EVENT) * 8, max_line), repeats * 4)
+    many = b"data: x\n" * MANY_LINES + b"\n"
+    many_lines = cpu(feeder(cls, many, 65536, max(max_line, 2 * MANY_LINES)), repeats)
     n = len(longest)
     return [
         ("sse cost: source", str(src)),
@@ -98,6 +103,7 @@ def run(quick: bool = False, src: Path = SRC, line_bytes: int = DEFAULT_LINE) ->
         ("sse cost: long line, 1-byte / 64 KiB chunks, per byte", f"{long_tiny / max(long_big, 1e-9):,.0f}x"),
         ("sse cost: whole events, one per feed, CPU per event", f"{whole / events * 1e6:.3f} µs"),
         ("sse cost: whole events, 8 per feed, CPU per event", f"{eight / events * 1e6:.3f} µs"),
+        (f"sse cost: one event of {MANY_LINES:,} data lines, 64 KiB chunks", f"{many_lines * 1e3:,.1f} ms CPU"),
     ]
 
 

@@ -11,8 +11,12 @@ Invariants:
 - `timings` are the latest seen. `reasoning_tokens` never falls and is at least both the latest
   reasoning chunk's `timings.predicted_n` (less the tokens the content took before it: reasoning
   after an answer began counts its own) and the number of chunks with reasoning text, so a
-  stuck or missing `predicted_n` cannot hold the thinking cap off; `in_reasoning` is true from
-  a reasoning delta until a content or tool-call delta or the final chunk.
+  stuck or missing `predicted_n` cannot hold the thinking cap off. A delta that carries both
+  reasoning and an answer's text (or a tool call) counts its new tokens as reasoning: the cap
+  errs on the side of holding. `reasoned` says whether the last chunk carried reasoning text,
+  whatever else it carried (content, a tool call, the `finish_reason`): the cap is checked on
+  every such chunk. `in_reasoning` is true from a reasoning delta until a content or tool-call
+  delta or the final chunk; it says where the thinking block gave way to the answer.
 - `advanced` says whether the last chunk moved the generation on (the liveness rule): new text,
   a tool call's first name, a `prompt_progress` whose `processed` grew (up to its first `total`
   and `max_prompt_tokens`, a bound the client knows), a `predicted_n` that grew (up to
@@ -62,8 +66,8 @@ def _int_field(data: dict[str, Any], key: str, where: str) -> int:
 
 
 class Assembler:
-    """State of one stream. Read `completion_id`, `reasoning_tokens`, `in_reasoning`, `advanced`
-    and `finished` between chunks; they are plain attributes for speed, not to be assigned.
+    """State of one stream. Read `completion_id`, `reasoning_tokens`, `reasoned`, `in_reasoning`,
+    `advanced` and `finished` between chunks; they are plain attributes for speed, not to be assigned.
 
     `max_answer_bytes` caps the assembled answer, `max_tool_calls` the number of tool calls;
     `max_predicted` bounds the `predicted_n` that still counts as progress (the request's
@@ -94,6 +98,7 @@ class Assembler:
         "completion_id",
         "finished",
         "in_reasoning",
+        "reasoned",
         "reasoning_tokens",
     )
 
@@ -108,6 +113,7 @@ class Assembler:
         self.completion_id: str | None = None
         self.reasoning_tokens = 0
         self.in_reasoning = False
+        self.reasoned = False  # the last chunk carried reasoning text
         self.finished = False
         self.advanced = False
         self._max_answer = max_answer_bytes
@@ -136,7 +142,7 @@ class Assembler:
         if self._failed is not None:
             raise ProtocolError(f"chunk after the stream failed ({self._failed})")
         self._chunks += 1
-        self.advanced = False
+        self.advanced = self.reasoned = False
         try:
             return self._feed(chunk)
         except InferError as exc:
@@ -216,7 +222,7 @@ class Assembler:
                 if self._answer_bytes > self._answer_cap:
                     raise self._past_cap()
                 self._reasoning += raw
-                self.in_reasoning = True
+                self.in_reasoning = self.reasoned = True
                 self.advanced = True
                 self._reasoning_chunks += 1
                 tokens = max(self.reasoning_tokens, self._reasoning_chunks)

@@ -25,9 +25,12 @@ Invariants:
   comment, moves no deadline, and once the limit is reached it ends in `Stalled`: raised by
   `silence` after a read that timed out, the last step of a `feed` whose bytes came too late
   (pings past the limit). Either way the stream is stalled, not over: `resumed` goes on with it.
-- The thinking cap is checked after every chunk that advanced while reasoning; its decision is
-  a `PostReasoningEnd` step, so the control call is made right after the chunk that reached the
-  cap and before the next chunk is handed out.
+- The thinking cap is checked after every chunk that carried reasoning, whatever else it carried
+  (an answer's text, a tool call, the `finish_reason`): a server cannot slip reasoning past it by
+  pairing each piece with something else. Its decision is a `PostReasoningEnd` step, so the
+  control call is made right after the chunk that reached the cap and before the next chunk is
+  handed out; reached by the final chunk, it is `ThinkingCapped` alone (the answer is whole:
+  there is nothing left to end), and past the overrun there, `ThinkingOverrun` as anywhere.
 - After a `Completion` or an error the stream is over, and after a stall until it is resumed:
   feeding it then is a `ProtocolError`.
 - Progress is bounded by numbers the client knows, never by the server's word alone: the
@@ -249,28 +252,31 @@ class ChatStream:
                 if self._reasoning and not assembler.in_reasoning and self._cap.ended(assembler.reasoning_tokens):
                     out.insert(mark, ThinkingCapped(tokens=assembler.reasoning_tokens))  # the budget ended it
                 self._reasoning = assembler.in_reasoning
+                if assembler.reasoned and self._thinking(out):
+                    return True
                 if assembler.finished:
                     self._end(out, self._result())
                     return True
                 if assembler.advanced:
                     advanced = True
-                    if assembler.in_reasoning and self._thinking(out):
-                        return True
             elif type(event) is SseDone:
                 self._end(out, self._result())
                 return True
         return advanced
 
     def _thinking(self, out: list[Step]) -> bool:
-        """Apply the thinking cap after a reasoning chunk; True if it ended the stream."""
+        """Apply the thinking cap after a chunk that carried reasoning; True if it ended the stream."""
         assembler = self._assembler
-        action = self._cap.observe(assembler.reasoning_tokens, assembler.in_reasoning)
+        action = self._cap.observe(assembler.reasoning_tokens, assembler.reasoned)
         if action is Action.POST_REASONING_END:
-            if assembler.completion_id is None:
+            if assembler.finished:  # the answer is whole: the cap is reported, nothing is posted
+                out.append(ThinkingCapped(tokens=self._cap.capped_at))
+            elif assembler.completion_id is None:
                 self._cap.control_answer(False)
                 self._end(out, self._cap.control_error("the stream carried no completion id"))
                 return True
-            out.append(PostReasoningEnd(assembler.completion_id))
+            else:
+                out.append(PostReasoningEnd(assembler.completion_id))
         elif action is Action.OVERRUN:
             self._end(out, self._cap.overrun_error(assembler.reasoning_tokens))
             return True

@@ -12,9 +12,11 @@ Invariants:
   that line is appended to it, and only the feed's own bytes are searched, so the cost is linear in
   the bytes received however they are split (a long line sent one byte per read costs what it
   costs in whole reads, per call). The line is joined and scanned once more when it ends.
-- An event's data is bounded: at most `max_line` bytes of data values and at most `max_line` data
-  lines (an endless run of empty `data:` lines would otherwise grow without a byte of data). A
-  second and later data line is appended to one buffer, not kept as an object per line.
+- A feed's complete lines are walked in runs of non-blank lines of at most `_SPAN` bytes (or one
+  longer line), each byte searched a bounded number of times; a run of `data:` lines is taken at
+  once, so many short lines cost about what one long line does. An event's data is bounded
+  (`domain.sse_data`): at most `max_line` bytes of values in at most `max_line` lines, so under
+  `2 * max_line` bytes joined; one more byte or line is a `ProtocolError` naming the cap.
 - An event is dispatched only at its blank line. At EOF an undispatched event or line is dropped
   (as the spec says) and `partial_event` records that there was one.
 - `[DONE]` is recognised only as the exact data of a dispatched event. After it the decoder is
@@ -35,9 +37,12 @@ from typing import Any, Final, TypeAlias
 import orjson
 
 from domain.errors import HttpError, InferError, ProtocolError, stream_error
+from domain.sse_data import EventData
 
 _BOM: Final = b"\xef\xbb\xbf"
 _DONE: Final = b"[DONE]"
+# A run's most bytes: a few calls a run, and little to walk line by line where a cap is passed.
+_SPAN: Final = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +81,7 @@ class SseDecoder:
 
     __slots__ = (
         "_cr_pending",
-        "_data_bytes",
-        "_data_first",
-        "_data_lines",
-        "_data_more",
+        "_data",
         "_done",
         "_ended",
         "_failure",
@@ -96,12 +98,7 @@ class SseDecoder:
             raise ValueError(f"max_line must be positive, got {max_line}")
         self._max_line = max_line
         self._tail = bytearray()
-        # The data of the event being read: the first line's value, then "\n" and the value of
-        # each later line; `_data_bytes` counts the values alone, `_data_lines` the lines.
-        self._data_first = b""
-        self._data_more = bytearray()
-        self._data_lines = 0
-        self._data_bytes = 0
+        self._data = EventData(max_line)  # of the event being read
         self._cr_pending = False
         self._started = False
         self._done = False
@@ -170,13 +167,13 @@ class SseDecoder:
             if data[-1] == 13:
                 self._cr_pending = True
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = data.split(b"\n")
-        last = lines.pop()
-        if last:
-            tail += last
+        end = data.rfind(b"\n") + 1  # the complete lines end there
+        if end < len(data):
+            tail += data[end:]
         out: list[SseEvent] = []
         try:
-            self._lines(lines, out, len(data) > self._max_line)
+            if end:
+                self._lines(data, end, out)
             if len(tail) > self._max_line and not self._done:
                 raise ProtocolError(f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)")
         except (ProtocolError, HttpError) as exc:
@@ -186,7 +183,7 @@ class SseDecoder:
                 return out  # the error is raised by the next call
             self._failure_raised = True
             raise
-        self.clean = not (tail or self._data_lines or self._cr_pending or self._done)
+        self.clean = not (tail or self._data.lines or self._cr_pending or self._done)
         return out
 
     def _whole_events(self, data: bytes) -> list[SseEvent] | None:
@@ -231,9 +228,9 @@ class SseDecoder:
             return []
         self._ended = True
         self.clean = False
-        self.partial_event = bool(self._tail) or bool(self._data_lines)
+        self.partial_event = bool(self._tail) or bool(self._data.lines)
         self._tail.clear()
-        self._clear_data()
+        self._data.clear()
         return []
 
     def _raise_failure(self) -> None:
@@ -244,50 +241,45 @@ class SseDecoder:
             raise failure
         raise ProtocolError(f"SSE stream already failed: {failure}") from failure
 
-    def _lines(self, lines: list[bytes], out: list[SseEvent], check_length: bool) -> None:
-        # `check_length` is False when the whole feed is shorter than a line may be.
-        for line in lines:
-            if check_length and len(line) > self._max_line:
-                raise ProtocolError(f"SSE line of {len(line)} bytes, over {self._max_line} bytes")
-            if not line:
-                if self._data_lines:
+    def _lines(self, data: bytes, end: int, out: list[SseEvent]) -> None:
+        """The complete lines `data[:end]` (each ended by LF), run by run (see the module)."""
+        event = self._data
+        pos = 0
+        while pos < end:
+            if data[pos] == 10:  # a blank line: the event is whole
+                pos += 1
+                if event.lines:
                     self._dispatch(out)
                     if self._done:
                         return
-            elif line[:5] == b"data:":
-                value = line[6:] if line[5:6] == b" " else line[5:]
-                self._data_bytes += len(value)
-                if self._data_bytes > self._max_line:
-                    raise ProtocolError(f"SSE event data over {self._max_line} bytes")
-                if self._data_lines:
-                    self._more_data(value)
-                else:
-                    self._data_first = value
-                    self._data_lines = 1
+                continue
+            stop = data.find(b"\n", pos) + 1  # past this line
+            if stop < end and data[stop] != 10:  # more lines follow it: the run, at once if it may be
+                stop = _run_end(data, pos, end)
+                if event.block(data, pos, stop):
+                    pos = stop
+                    continue
+            elif stop - pos <= self._max_line and data.startswith(b"data:", pos):  # one data line
+                event.line(data[pos + 6 if data[pos + 5 : pos + 6] == b" " else pos + 5 : stop - 1])
+                pos = stop
+                continue
+            self._each_line(data[pos : stop - 1].split(b"\n"), out, stop - pos > self._max_line)
+            pos = stop
+
+    def _each_line(self, lines: list[bytes], out: list[SseEvent], check_length: bool) -> None:
+        # No line is blank; `check_length` is False when the run is shorter than a line may be.
+        for line in lines:
+            if check_length and len(line) > self._max_line:
+                raise ProtocolError(f"SSE line of {len(line)} bytes, over {self._max_line} bytes")
+            if line[:5] == b"data:":
+                self._data.line(line[6:] if line[5:6] == b" " else line[5:])
             elif line[0] == 58:  # ":"
                 out.append(SseComment(_text(line[1:], "comment")))
             else:
                 self._field(line)
 
-    def _more_data(self, value: bytes) -> None:
-        """A second or later data line of the event: "\\n" and `value` join what came before."""
-        if self._data_lines >= self._max_line:
-            raise ProtocolError(f"SSE event of more than {self._max_line} data lines")
-        more = self._data_more
-        more += b"\n"
-        more += value
-        self._data_lines += 1
-
-    def _clear_data(self) -> None:
-        self._data_first = b""
-        if self._data_lines > 1:
-            self._data_more = bytearray()
-        self._data_lines = 0
-        self._data_bytes = 0
-
     def _dispatch(self, out: list[SseEvent]) -> None:
-        raw = self._data_first if self._data_lines == 1 else self._data_first + self._data_more
-        self._clear_data()
+        raw = self._data.take()
         if raw == _DONE:
             out.append(SSE_DONE)
             self._done = True
@@ -304,14 +296,22 @@ class SseDecoder:
         if name == b"error":
             raise _error_from_text(text)
         if name == b"data":  # a bare "data" line: an empty data line
-            if self._data_lines:
-                self._more_data(b"")
-            else:
-                self._data_lines = 1
+            self._data.line(b"")
             return
         _text(name, "field name")
         # event:, id:, retry: and unknown fields carry nothing a chat stream uses: ignored, as the
         # spec says for unknown fields.
+
+
+def _run_end(data: bytes, pos: int, end: int) -> int:
+    """Where the run of lines from `pos` (not a blank one) ends, past its last LF: before the next
+    blank line, or at the last line end within `_SPAN` bytes (the end of a longer first line)."""
+    limit = min(end, pos + _SPAN)
+    blank = data.find(b"\n\n", pos, limit)
+    if blank >= 0:
+        return blank + 1
+    cut = data.rfind(b"\n", pos, limit) + 1
+    return cut if cut > pos else data.find(b"\n", limit, end) + 1
 
 
 def _text(raw: bytes, what: str) -> str:

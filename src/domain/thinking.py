@@ -1,6 +1,7 @@
 """The thinking cap: when to ask the server to end reasoning, and when to give up on it.
 
-Fed after every chunk with the assembler's `reasoning_tokens` and `in_reasoning`:
+Fed after every chunk that carried reasoning (whatever else it carried: an answer's text, a tool
+call, the `finish_reason`) with the assembler's `reasoning_tokens`:
 
 - While reasoning, reaching `cap` tokens (exactly `cap` counts) asks, once, for the client to
   post `reasoning_end` and emit `ThinkingCapped(capped_at)`; `capped_at` is the count seen then
@@ -13,7 +14,7 @@ Fed after every chunk with the assembler's `reasoning_tokens` and `in_reasoning`
 - A control call that does not answer `success: true` is `OVERRUN` too. (The server answers
   `success: false` also when the completion ended a moment before the call arrived; the brief
   treats every such answer alike.)
-- Outside the thinking block nothing happens, whatever the count.
+- A chunk without reasoning changes nothing (`in_reasoning` False), whatever the count.
 
 With the server's own budget (`budget_sent`: the request carried `thinking_budget_tokens =
 cap`), the server ends the thinking block at exactly `cap` tokens and the answer follows, with
@@ -21,7 +22,9 @@ no control call and so no race with it: `ended(tokens)`, told when the reasoning
 the answer, says whether the budget ended it (`capped`, emit `ThinkingCapped`). The control call
 stays as the fallback for a template without end tags (the server then ignores the budget
 silently): it is asked for only past `cap + END_TAG_TOKENS`, since the end tag the server forces
-is a few tokens of its own, counted by `predicted_n` while the block is still open.
+is a few tokens of its own, counted by `predicted_n` while the block is still open. Reasoning
+that reached that point before it gave way to the answer (in the same chunk) was not ended by
+the budget: the control call caps it, as it would have a chunk earlier.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class ThinkingCap:
         self.capped_at = 0  # the reasoning token count when `POST_REASONING_END` was decided
 
     def observe(self, reasoning_tokens: int, in_reasoning: bool) -> Action:
+        """After a chunk; `in_reasoning` says whether it carried reasoning."""
         if self._overran:
             return Action.OVERRUN
         if not in_reasoning:
@@ -75,7 +79,7 @@ class ThinkingCap:
         """The reasoning gave way to the answer after `reasoning_tokens`: True when it was the
         server's budget that ended it (at the cap), which caps the thinking as the control call
         would have."""
-        if self.capped or not self._budget_sent or reasoning_tokens < self._cap:
+        if self.capped or not self._budget_sent or not self._cap <= reasoning_tokens < self._trigger:
             return False
         self.capped = True
         self.capped_at = reasoning_tokens

@@ -158,6 +158,29 @@ def test_thinking_cap_fires_when_predicted_n_is_stuck_or_absent(
     ]
 
 
+def test_reasoning_paired_with_answer_text_in_every_chunk_cannot_pass_the_cap(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    # A server that ignores the cap and sends every reasoning token beside a piece of answer.
+    def pair(n: int) -> dict[str, Any]:
+        return chunk({"reasoning_content": f" t{n}", "content": f"c{n}"}, n=n)
+
+    server.route(*CHAT, sse_reply([pair(n) for n in range(1, 301)], done=False, end=End.SILENCE))
+    server.route(*CONTROL, json_reply({"success": True}))
+    events: list[ChatEvent] = []
+
+    with pytest.raises(ThinkingOverrun, match="reasoning went on to 61 tokens after reasoning_end was posted at 50"):
+        client_kind.client_for(server, thinking_cap=50, thinking_overrun=10).chat(REQ, events.append)
+
+    capped = events.index(ThinkingCapped(50))
+    assert events[capped - 2 : capped] == [Reasoning(" t50"), Content("c50")]
+    assert events[-2:] == [Reasoning(" t61"), Content("c61")]
+    (control,) = [r for r in server.requests if (r.method, r.path) == CONTROL]
+    assert control.json()["action"] == "reasoning_end"
+    (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
+    assert stream.client_closed.wait(2.0)
+
+
 # -- every wait has a bound ----------------------------------------------------------------------
 
 

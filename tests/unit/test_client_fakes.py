@@ -522,6 +522,86 @@ def test_a_control_call_that_fails_to_connect_is_thinking_overrun(rig_for: Calla
     assert rig.transport.requests[0].client_closed.is_set()
 
 
+# -- the thinking cap whatever else a reasoning chunk carries -----------------------------------------
+
+CAPPED = {"thinking_cap": 50, "thinking_overrun": 10}
+
+
+def paired(first: int, last: int, step: int = 1) -> list[dict[str, Any]]:
+    """Chunks whose deltas each carry a reasoning piece and a piece of the answer."""
+    return [chunk({"reasoning_content": f"<{n}>", "content": f"[{n}]"}, n=n) for n in range(first, last + 1, step)]
+
+
+def controls(rig: Rig) -> list[Any]:
+    return [r.json() for r in rig.transport.requests if (r.method, r.path) == CONTROL]
+
+
+# The stream, the reasoning tokens the cap is reached at, and the chunk (its predicted_n) that does.
+PAIRED_SHAPES = {
+    "reasoning and content in one delta": (paired(1, 55), 50, 50),
+    # Five tokens of answer first: the reasoning's own tokens reach the cap at the 55th token.
+    "after the answer began": ([*(chunk({"content": f"a{n}"}, n=n) for n in range(1, 6)), *paired(6, 60)], 50, 55),
+    "many tokens in one chunk": ([*paired(1, 3), *paired(120, 125)], 120, 120),
+}
+
+
+@pytest.mark.parametrize(("stream", "capped_at", "at_chunk"), PAIRED_SHAPES.values(), ids=PAIRED_SHAPES.keys())
+def test_reasoning_beside_an_answer_piece_is_capped_and_reasoning_end_posted(
+    rig_for: Callable[..., Rig], stream: list[dict[str, Any]], capped_at: int, at_chunk: int
+) -> None:
+    last = stream[-1]["timings"]["predicted_n"]
+    rig = rig_for(
+        {CHAT: sse_reply([*stream, chunk(finish="stop", n=last)]), CONTROL: json_reply({"success": True})},
+        limits=CAPPED,
+    )
+
+    completion = rig.chat()
+
+    capped = rig.events.index(ThinkingCapped(capped_at))
+    assert rig.events[capped - 2 : capped] == [Reasoning(f"<{at_chunk}>"), Content(f"[{at_chunk}]")]
+    assert rig.events.count(ThinkingCapped(capped_at)) == 1
+    assert controls(rig) == [{"id": CID, "action": "reasoning_end", "model": "default"}]
+    assert completion.thinking_capped is True
+
+
+def test_reasoning_beside_an_answer_piece_past_cap_plus_overrun_closes_the_stream(rig_for: Callable[..., Rig]) -> None:
+    # A server that ignores the cap and pairs every reasoning token with a piece of answer.
+    rig = rig_for({CHAT: sse_reply(paired(1, 300)), CONTROL: json_reply({"success": True})}, limits=CAPPED)
+
+    with pytest.raises(ThinkingOverrun, match="went on to 61 tokens after reasoning_end was posted at 50"):
+        rig.chat()
+
+    assert rig.events[-2:] == [Reasoning("<61>"), Content("[61]")]
+    assert ThinkingCapped(50) in rig.events
+    assert controls(rig) == [{"id": CID, "action": "reasoning_end", "model": "default"}]
+    assert rig.transport.requests[0].client_closed.is_set()
+
+
+def test_a_final_chunk_whose_reasoning_reaches_the_cap_completes_capped_with_no_call(
+    rig_for: Callable[..., Rig],
+) -> None:
+    # The answer is whole when its final chunk is read: there is nothing left to end.
+    last = chunk({"reasoning_content": "<50>", "content": "ok"}, finish="stop", n=50)
+    rig = rig_for({CHAT: sse_reply([*thinking(1, 49), last])}, limits=CAPPED)
+
+    completion = rig.chat()
+
+    assert rig.events[-3:] == [Reasoning("<50>"), Content("ok"), ThinkingCapped(50)]
+    assert (completion.thinking_capped, completion.reasoning_tokens, completion.content) == (True, 50, "ok")
+    assert [(r.method, r.path) for r in rig.transport.requests] == [CHAT]
+
+
+def test_a_final_chunk_whose_reasoning_goes_past_the_overrun_is_thinking_overrun(rig_for: Callable[..., Rig]) -> None:
+    last = chunk({"reasoning_content": "<61>"}, finish="stop", n=61)
+    rig = rig_for({CHAT: sse_reply([*thinking(1, 50), last]), CONTROL: json_reply({"success": True})}, limits=CAPPED)
+
+    with pytest.raises(ThinkingOverrun, match="went on to 61 tokens after reasoning_end was posted at 50"):
+        rig.chat()
+
+    assert rig.events[-1] == Reasoning("<61>")
+    assert len(controls(rig)) == 1
+
+
 # -- the rest of the contract -----------------------------------------------------------------------
 
 
@@ -573,6 +653,32 @@ def test_a_non_200_answer_keeps_at_most_error_body_bytes(rig_for: Callable[..., 
 
     assert caught.value.status == 400
     assert caught.value.body == ('{"error":{"code":400,"message":"' + "x" * 100)[:100]
+
+
+EVENT_LINES = 4096  # the least sse_line_bytes the config takes: at most as many data lines an event
+
+
+@pytest.mark.parametrize(
+    ("line", "lines", "error"),
+    [
+        (b"data: x\n", EVENT_LINES, "SSE data is not valid JSON"),
+        (b"data:\n", EVENT_LINES + 1, f"SSE event of more than {EVENT_LINES} data lines"),
+        (b"data: x\n", EVENT_LINES + 1, f"SSE event data over {EVENT_LINES} bytes"),
+    ],
+    ids=["at the caps: its data is read whole", "one line more", "one byte more"],
+)
+def test_an_event_of_many_short_data_lines_ends_the_call_in_the_same_protocol_error(
+    rig_for: Callable[..., Rig], line: bytes, lines: int, error: str
+) -> None:
+    event = line * lines + b"\n"
+    pieces = [event[i : i + 1000] for i in range(0, len(event), 1000)]
+    rig = rig_for({CHAT: sse_reply([ANSWER[0], *pieces], done=False)}, limits={"sse_line_bytes": EVENT_LINES})
+
+    with pytest.raises(ProtocolError) as caught:
+        rig.chat()
+
+    assert str(caught.value).startswith(error)
+    assert rig.events == [Content("Hi")]
 
 
 def test_info_calls_return_typed_results(rig_for: Callable[..., Rig]) -> None:
