@@ -48,11 +48,19 @@ REQ = ChatRequest(slot=0, messages=(UserMessage("What is the capital of France?"
 EXPECT = {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2}
 LIMITS = {"poll_ms": 100, "busy_wait_ms": 150, "load_wait_ms": 150, "idle_grace_ms": 150, "liveness_ms": 100}
 RETRY = {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000}
+# No inferproxy stands before the fake server: its accept limit is not the client's to keep here
+# (tests of the budget itself set their own).
+NO_PROXY_LIMIT = {"burst": 1_000_000, "rate": 1_000_000}
 
 
 def config_for(socket_path: str, *, expect: bool = True, retry: dict[str, Any] | None = None, **limits: int) -> Config:
     """`LIMITS` and `RETRY` with the given changes; `expect=False` leaves the slot count to `/props`."""
-    data: dict[str, Any] = {"socket": socket_path, "limits": {**LIMITS, **limits}, "retry": {**RETRY, **(retry or {})}}
+    data: dict[str, Any] = {
+        "socket": socket_path,
+        "limits": {**LIMITS, **limits},
+        "retry": {**RETRY, **(retry or {})},
+        "proxy": NO_PROXY_LIMIT,
+    }
     if expect:
         data["expect"] = EXPECT
     return parse_config(data)

@@ -234,6 +234,14 @@ class SelfTest(_Section):
     tool_prefill: Text = ""
 
 
+class Proxy(_Section):
+    # The accept limit of the inferproxy in front of the server (`--burst`, `--rate`; these are
+    # its defaults): every connect of the container's clients takes its turn under it, a little
+    # inside it (`domain.connect_budget`), so that the proxy never refuses one of ours.
+    burst: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 10
+    rate: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1_000_000)] = 2.0
+
+
 class Config(_Section):
     socket: Annotated[
         StrictStr,
@@ -249,6 +257,7 @@ class Config(_Section):
     expect: Expect | None = None
     cache: Cache = Cache()
     selftest: SelfTest = SelfTest()
+    proxy: Proxy = Proxy()
 
 
 def _describe(error: Any) -> str:

@@ -18,6 +18,7 @@ from app.client import Client
 from app.config import Config
 from app.slot_memory import SlotMemory
 from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from domain.connect_budget import ConnectBudget
 from domain.gate import SlotGate
 from domain.limits import ClientLimits, FetchLimits, StreamLimits
 from domain.prompt_cache import CacheSettings
@@ -69,6 +70,10 @@ def probe_limits(limits: ClientLimits) -> FetchLimits:
     return limits.probe()
 
 
+def connect_budget(config: Config) -> ConnectBudget:
+    return ConnectBudget.of_proxy(config.proxy.burst, float(config.proxy.rate))
+
+
 def cache_settings(config: Config) -> CacheSettings:
     return CacheSettings(predict=config.cache.predict, loss_tokens=config.limits.cache_loss_tokens)
 
@@ -101,10 +106,13 @@ class Container(containers.DeclarativeContainer):
     async_clock = providers.ThreadSafeSingleton(AsyncSystemClock)
     limits = providers.ThreadSafeSingleton(client_limits, config)
     rng = providers.ThreadSafeSingleton(random.Random)
+    # One accept budget for every connect of both flavours: the proxy counts them all alike.
+    budget = providers.ThreadSafeSingleton(connect_budget, config)
     transport = providers.ThreadSafeSingleton(
         UdsTransport,
         socket_path=config.provided.socket,
         header_bytes=config.provided.limits.header_bytes,
+        budget=budget,
     )
     probe = providers.ThreadSafeSingleton(
         HttpSlotProbe,
@@ -137,6 +145,7 @@ class Container(containers.DeclarativeContainer):
         AsyncUdsTransport,
         socket_path=config.provided.socket,
         header_bytes=config.provided.limits.header_bytes,
+        budget=budget,
     )
     async_probe = providers.ThreadSafeSingleton(
         AsyncHttpSlotProbe,

@@ -28,7 +28,7 @@ from adapters.fake_server import (
 from app.client import Client, Props, SlotInfo, Token
 from app.config import parse_config
 from app.container import Container
-from client_support import Kind
+from client_support import NO_PROXY_LIMIT, Kind
 from domain.errors import ConnectError, HttpError, ProtocolError, Stalled, StreamClosedEarly
 from transcripts import TRANSCRIPTS, case_names, load_case
 
@@ -48,7 +48,7 @@ PROPS = {
 
 
 def client_for(kind: Kind, socket_path: str, **limits: int) -> Client:
-    config = parse_config({"socket": socket_path, "limits": {**LIMITS, **limits}})
+    config = parse_config({"socket": socket_path, "limits": {**LIMITS, **limits}, "proxy": NO_PROXY_LIMIT})
     return kind.client_of(Container(config=config))
 
 

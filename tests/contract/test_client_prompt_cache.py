@@ -15,7 +15,7 @@ from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from cache_server import ANSWER, CachingLlama, render
-from client_support import LIMITS, RETRY, Kind
+from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ClientClosed, RequestError
 from domain.events import CacheCause, CachePrediction, ChatEvent, Content
@@ -31,6 +31,7 @@ LONG_REASONING = "The user asks for a capital. France's capital is Paris, as eve
 def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000) -> Client:
     """A client whose prediction requests may take up to `poll_ms` (the probe's limit)."""
     data: dict[str, Any] = {
+        "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
         "limits": {**LIMITS, "poll_ms": poll_ms},
         "retry": RETRY,

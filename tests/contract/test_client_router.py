@@ -15,7 +15,7 @@ from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from cache_server import CachingLlama
-from client_support import CHAT, REQ, STOP, Kind, chunk, config_for, recorded
+from client_support import CHAT, NO_PROXY_LIMIT, REQ, STOP, Kind, chunk, config_for, recorded
 from domain.errors import HttpError, ModelNotLoaded, StreamClosedEarly
 from domain.events import CachePrediction, ChatEvent, ModelWait, Retrying, Waiting
 from domain.messages import AssistantMessage, ChatRequest, SystemMessage, UserMessage
@@ -29,6 +29,7 @@ POLL_MS = 50
 
 def client_for(kind: Kind, server: FakeServer, **limits: Any) -> Client:
     data: dict[str, Any] = {
+        "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
         "limits": {"poll_ms": POLL_MS, "load_wait_ms": 5000, "busy_wait_ms": 5000, "idle_grace_ms": 5000, **limits},
         "retry": {"attempts": 1, "delays_ms": []},

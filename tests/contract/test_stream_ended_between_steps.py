@@ -30,6 +30,7 @@ from client_support import (
     CHAT,
     EXPECT,
     LIMITS,
+    NO_PROXY_LIMIT,
     REQ,
     RETRY,
     STOP,
@@ -469,6 +470,7 @@ def many_slots(server: FakeServer, slots: int) -> Client:
             "limits": {**LIMITS, "liveness_ms": 5000},
             "retry": RETRY,
             "expect": {**EXPECT, "total_slots": slots},
+            "proxy": NO_PROXY_LIMIT,
         }
     )
     return Container(config=config).client()

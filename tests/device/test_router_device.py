@@ -56,6 +56,7 @@ def client_on(proxy: ProxyProcess, kind: Kind, model: str, *, predict: bool = Fa
         "limits": {"max_tokens": 24, "poll_ms": 100, "liveness_ms": 180_000, **limits},
         "retry": {"attempts": 1, "delays_ms": []},
         "sampling": SAMPLING,
+        "proxy": {"burst": 100, "rate": 100},  # the proxy's own, lifted (the fixture's flags)
     }
     return kind.client_of(Container(config=parse_config(config)))
 

@@ -34,14 +34,26 @@ from collections.abc import Callable
 
 from adapters.system import sleep_unless_cancelled
 from adapters.uds_http.response import reason
+from domain.connect_budget import ConnectBudget
 from domain.errors import ConnectError
 from ports.transport import TIMED_OUT, CancelSignal, TimedOut
 
-__all__ = ["AsyncSocketStream", "BacklogWait", "SocketAhead", "SocketStream", "connect_reason", "unix_socket"]
+__all__ = [
+    "AsyncSocketStream",
+    "BacklogWait",
+    "SocketAhead",
+    "SocketStream",
+    "connect_reason",
+    "turn_in",
+    "unix_socket",
+]
 
 # The longest a connect may wait (a Unix socket connects at once or is refused; a full accept
 # backlog is the only wait), and the pauses between its attempts meanwhile.
 CONNECT_TIMEOUT_S = 5.0
+# The longest a connect waits for its turn under the proxy's accept limit (`ConnectBudget`): far
+# past any queue of one process's own requests (tens, at 2 a second), and still a bound.
+TURN_WAIT_S = 60.0
 _FIRST_PAUSE_S, _LAST_PAUSE_S = 0.001, 0.05
 
 
@@ -56,11 +68,20 @@ class SocketStream:
 
     @classmethod
     def connect(
-        cls, path: str, timeout: float, cancel: CancelSignal | None = None, ahead: SocketAhead | None = None
+        cls,
+        path: str,
+        timeout: float,
+        cancel: CancelSignal | None = None,
+        ahead: SocketAhead | None = None,
+        budget: ConnectBudget | None = None,
     ) -> SocketStream:
         """A Unix socket connects at once or fails at once, but for a full accept backlog: that
         is waited out within the limit (`BacklogWait`), and `cancel` ends the wait. The first
-        attempt takes the socket made `ahead`, if there is one."""
+        attempt takes the socket made `ahead`, if there is one. Under a `budget`, the connect
+        first waits for its turn (`cancel` ends that wait too)."""
+        delay = 0.0 if budget is None else turn_in(budget, path)
+        if delay > 0.0 and sleep_unless_cancelled(delay, cancel):
+            raise ConnectError(f"cannot connect to {path}: cancelled while waiting its turn under {budget}")
         sock = BacklogWait.first(path, timeout, ahead)
         if sock is None:  # the accept backlog is full: waited out
             wait = BacklogWait(path, timeout, time.monotonic)
@@ -129,11 +150,18 @@ class AsyncSocketStream:
 
     @classmethod
     async def connect(
-        cls, path: str, timeout: float, cancel: CancelSignal | None = None, ahead: SocketAhead | None = None
+        cls,
+        path: str,
+        timeout: float,
+        cancel: CancelSignal | None = None,
+        ahead: SocketAhead | None = None,
+        budget: ConnectBudget | None = None,
     ) -> AsyncSocketStream:
         """`SocketStream.connect` on the loop: a full accept backlog is waited out within the
-        limit (`BacklogWait`); cancelling the task ends the wait (`cancel` is the blocking
-        flavour's way to, here the task's)."""
+        limit (`BacklogWait`), and a `budget`'s turn first; cancelling the task ends either
+        wait (`cancel` is the blocking flavour's way to, here the task's)."""
+        if budget is not None and (delay := turn_in(budget, path)) > 0.0:
+            await asyncio.sleep(delay)
         sock = BacklogWait.first(path, timeout, ahead)
         if sock is None:  # the accept backlog is full: waited out
             loop = asyncio.get_running_loop()
@@ -236,6 +264,16 @@ class AsyncSocketStream:
             self._loop.remove_writer(self._fd)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def turn_in(budget: ConnectBudget, path: str) -> float:
+    """Book this connect's turn under `budget`: the seconds to wait for it (0: now), or
+    `ConnectError` when it would come later than `TURN_WAIT_S`."""
+    now = time.monotonic()
+    turn = budget.reserve(now, now + TURN_WAIT_S)
+    if turn is None:
+        raise ConnectError(f"cannot connect to {path}: no turn within {TURN_WAIT_S:.0f} s under {budget}")
+    return turn - now
 
 
 class BacklogWait:

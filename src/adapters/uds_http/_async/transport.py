@@ -21,21 +21,24 @@ import time
 from adapters.uds_http._async.exchange import AsyncHttpExchange, send
 from adapters.uds_http.response import render, render_for
 from adapters.uds_http.sockets import AsyncSocketStream, SocketAhead
+from domain.connect_budget import ConnectBudget
 from ports.transport import CancelSignal, Link
 
 __all__ = ["AsyncUdsTransport", "exchange_over"]
 
 
 class AsyncUdsTransport:
-    """Opens one connection per exchange to `socket_path` (nothing happens at construction).
-    Each request written makes the socket of the next connect (`SocketAhead`), off its path."""
+    """Opens one connection per exchange to `socket_path` (nothing happens at construction),
+    each in its turn under `budget` (the proxy's accept limit) when one is given. Each request
+    written makes the socket of the next connect (`SocketAhead`), off its path."""
 
-    __slots__ = ("_ahead", "_header_bytes", "socket_path")
+    __slots__ = ("_ahead", "_budget", "_header_bytes", "socket_path")
 
-    def __init__(self, socket_path: str, *, header_bytes: int) -> None:
+    def __init__(self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
         self._ahead = SocketAhead()
+        self._budget = budget  # the proxy's accept limit, shared by every transport of a container
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
@@ -47,7 +50,7 @@ class AsyncUdsTransport:
 
     async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> AsyncSocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
+        return await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
 
     async def open(
         self,
@@ -70,7 +73,7 @@ class AsyncUdsTransport:
         # Rendered before connecting, so a malformed request fails first.
         request, stream = render_for(link, AsyncSocketStream, self, method, path, body, self._header_bytes, headers)
         if stream is None:
-            stream = await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
+            stream = await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
         exchange = await send(
             stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel
         )

@@ -22,21 +22,24 @@ import time
 from adapters.uds_http._sync.exchange import HttpExchange, send
 from adapters.uds_http.response import render, render_for
 from adapters.uds_http.sockets import SocketStream, SocketAhead
+from domain.connect_budget import ConnectBudget
 from ports.transport import CancelSignal, Link
 
 __all__ = ["UdsTransport", "exchange_over"]
 
 
 class UdsTransport:
-    """Opens one connection per exchange to `socket_path` (nothing happens at construction).
-    Each request written makes the socket of the next connect (`SocketAhead`), off its path."""
+    """Opens one connection per exchange to `socket_path` (nothing happens at construction),
+    each in its turn under `budget` (the proxy's accept limit) when one is given. Each request
+    written makes the socket of the next connect (`SocketAhead`), off its path."""
 
-    __slots__ = ("_ahead", "_header_bytes", "socket_path")
+    __slots__ = ("_ahead", "_budget", "_header_bytes", "socket_path")
 
-    def __init__(self, socket_path: str, *, header_bytes: int) -> None:
+    def __init__(self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
         self._ahead = SocketAhead()
+        self._budget = budget  # the proxy's accept limit, shared by every transport of a container
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
@@ -48,7 +51,7 @@ class UdsTransport:
 
     def connect(self, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return SocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
+        return SocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
 
     def open(
         self,
@@ -71,7 +74,7 @@ class UdsTransport:
         # Rendered before connecting, so a malformed request fails first.
         request, stream = render_for(link, SocketStream, self, method, path, body, self._header_bytes, headers)
         if stream is None:
-            stream = SocketStream.connect(self.socket_path, timeout, cancel, self._ahead)
+            stream = SocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
         exchange = send(
             stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel
         )
