@@ -247,10 +247,7 @@ def check_cache(target: Target) -> CheckResult:
                 + describe_error(exc),
                 tokens,
             )
-    replay = AssistantMessage(
-        content=first.content, reasoning_content=first.reasoning_content, tool_calls=list(first.tool_calls)
-    )
-    turn2 = [*turn1, replay, UserMessage(TURN2_PROMPT)]
+    turn2 = [*turn1, first.message(), UserMessage(TURN2_PROMPT)]
     second = client.chat_with_retry(ChatRequest(slot=MAIN_SLOT, messages=turn2, thinking=True), _ignore)
     tokens += _tokens(second)
     outcome = cache_outcome(first.timings, second.timings, loss)

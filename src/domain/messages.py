@@ -49,6 +49,28 @@ class ToolMessage:
     tool_call_id: str
     content: str
 
+    @classmethod
+    def answering(cls, call: ToolCall, content: str) -> ToolMessage:
+        """The result of `call`, sent back after the assistant message that made it: the message
+        carries the call's id, which is how the template pairs the two. `content` is the text the
+        model reads; a result held as a dict or list is serialised first (to JSON text, say), as
+        only the caller knows how it should read."""
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"call must be a ToolCall, not {type(call).__name__}")
+        if not isinstance(call.id, str):
+            raise TypeError(f"call.id must be a str, not {type(call.id).__name__}")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, not {type(content).__name__}{_how_to_text(content)}")
+        return cls(call.id, content)
+
+
+def _how_to_text(value: object) -> str:
+    if isinstance(value, Mapping | list | tuple):
+        return ": serialise the result to text first (JSON, say: json.dumps(result))"
+    if isinstance(value, bytes | bytearray):
+        return ": decode it to text first"
+    return ""
+
 
 ChatMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
