@@ -101,12 +101,14 @@ class Sampling:
 class ChatRequest:
     """One chat on one slot. `tools` is fixed for an epoch and may be empty.
 
-    The last four fields are per-request options; left at their defaults, the request renders
+    The last five fields are per-request options; left at their defaults, the request renders
     exactly as it would without them. `max_tokens` and `sampling` replace the config's values
     for this request only; `stop` adds stop strings (the server cuts the answer before the
     first one it meets); `response_format` is the chat-completions object that constrains the
     answer, e.g. `{"type": "json_schema", "json_schema": {"name": "person", "schema": {...}}}`,
-    sent exactly as given.
+    sent exactly as given; `prefill` is the answer's opening, sent after the messages as an
+    assistant message the server goes on from (the opening of a tool call in the template's
+    syntax forces a call where `tool_choice` alone does not), and kept out of the history.
     """
 
     slot: int
@@ -118,3 +120,4 @@ class ChatRequest:
     sampling: Sampling | None = None
     stop: tuple[str, ...] = ()
     response_format: Mapping[str, Any] | None = None
+    prefill: str | None = None
