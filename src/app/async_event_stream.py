@@ -15,6 +15,7 @@ from app.calls import TaskLink
 from app.stream_facade import Facade, OneReader, Step, emit, weakly
 from domain.cancel import CancelToken
 from domain.completion import Completion
+from domain.errors import Cancelled
 from domain.events import ChatEvent
 
 __all__ = ["AsyncEventStream"]
@@ -79,45 +80,52 @@ class AsyncEventStream(Facade):
         """The next event, in `task` (None: the one running, looked up). `loop`, the `async for`
         that asked for it, is held till the step is made: one dropped meanwhile (`await
         anext(aiter(stream))`) ends the call after its event, not before it."""
-        if self._over:
-            if self._closer is not None:
-                await asyncio.shield(self._closer)  # an end under way: awaited, then said
-            self._raise_if_cut()
-            raise StopAsyncIteration
-        steps, link = self._steps, self._link
-        if steps is None or link is None:
-            steps = self._steps = self._make(self._token)
-            link = self._link = TaskLink(self._token, idle=weakly(self._end_idle))
-        elif steps.ag_running:  # type: ignore[attr-defined]  # another task is inside a step
-            raise OneReader()
-        if self._token.cancelled:  # cancelled while the consumer ran its own code
-            await self._end()
-            raise self._token.error()
-        link.enter(task)
         try:
-            step = await steps.__anext__()
-        except asyncio.CancelledError as cancelled:
-            await self._end()
-            raise link.error(cancelled) from None
-        except StopAsyncIteration:  # closed by the end of the event loop it began on
-            await self._end()
-            raise RuntimeError(
-                "the call ended without a completion: the end of the event loop it began on closed it"
-            ) from None
-        except BaseException:
-            await link.absorb()
-            await self._end()
-            raise
-        if link.poked:  # the cancel came as the step was made: it is not handed out
-            await link.absorb()
-            await self._end()
-            raise self._token.error()
-        link.leave()
-        if isinstance(step, Completion):
-            self._completion = step
-            await self._end()
-            raise StopAsyncIteration
-        return step
+            if self._over:
+                if self._closer is not None:
+                    await asyncio.shield(self._closer)  # an end under way: awaited, then said
+                self._raise_if_cut()
+                raise StopAsyncIteration
+            steps, link = self._steps, self._link
+            if steps is None or link is None:
+                steps = self._steps = self._make(self._token)
+                link = self._link = TaskLink(self._token, idle=weakly(self._end_idle))
+            elif steps.ag_running:  # type: ignore[attr-defined]  # another task is inside a step
+                raise OneReader()
+            if self._token.cancelled:  # cancelled while the consumer ran its own code
+                await self._end()
+                raise self._token.error()
+            link.enter(task)
+            try:
+                step = await steps.__anext__()
+            except asyncio.CancelledError as cancelled:
+                await self._end()
+                raise link.error(cancelled) from None
+            except StopAsyncIteration:  # closed by the end of the event loop it began on
+                await self._end()
+                raise RuntimeError(
+                    "the call ended without a completion: the end of the event loop it began on closed it"
+                ) from None
+            except BaseException:
+                await link.absorb()
+                await self._end()
+                raise
+            if link.poked:  # the cancel came as the step was made: it is not handed out
+                await link.absorb()
+                await self._end()
+                raise self._token.error()
+            link.leave()
+            if isinstance(step, Completion):
+                self._completion = step
+                await self._end()
+                raise StopAsyncIteration
+            self._saw(step)
+            return step
+        except Cancelled as error:
+            carried = self._carrying(error)
+            if carried is error:
+                raise
+            raise carried from error.__cause__
 
     async def aclose(self) -> None:
         """End the call now if it has not ended (idempotent), in a task of its own that every

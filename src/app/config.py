@@ -301,7 +301,30 @@ def parse_config(data: Mapping[str, Any], source: str = "config") -> Config:
         raise ConfigError(f"{source}: {lines}{more}") from exc
 
 
-def load_config(path: str | Path) -> Config:
-    """Read a TOML file into a `Config`; raises `ConfigError` with a message naming the problem."""
+def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read a TOML file into a `Config`; raises `ConfigError` with a message naming the problem.
+
+    `overrides`, a mapping shaped like the TOML, is laid over the file before anything is
+    checked: a table in both is merged key by key, at any depth; any other value (an array
+    among them) replaces the file's. The result is checked as a file is, each error naming its
+    key path; the message then names the file "with overrides", as the value may come from
+    either."""
     path = Path(path)
-    return parse_config(read_toml(path), str(path))
+    data = read_toml(path)
+    if overrides is None:
+        return parse_config(data, str(path))
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(f"{path}: the overrides must be a table of keys, not {type(overrides).__name__}")
+    return parse_config(_laid_over(data, overrides), f"{path} with overrides")
+
+
+def _laid_over(below: Mapping[Any, Any], above: Mapping[Any, Any]) -> dict[Any, Any]:
+    """`above` laid over `below`, neither changed: tables in both merged, anything else replaced."""
+    out = dict(below)
+    for key, value in above.items():
+        if isinstance(value, Mapping):
+            under = out.get(key)
+            out[key] = _laid_over(under if isinstance(under, Mapping) else {}, value)
+        else:
+            out[key] = value
+    return out

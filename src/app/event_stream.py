@@ -21,6 +21,9 @@ while the task waits inside the call. Both:
   may have cut into a lock the end takes, and the next step ends it; in a task of its own on the
   call's loop on asyncio, which a close or a step meanwhile awaits), and the next step raises
   the token's `Cancelled` (or `ClientClosed`);
+- raise a `Cancelled` that carries the answer as far as their events showed it (its `content`
+  and `reasoning`: the text of the `Content` and `Reasoning` events handed out since the call
+  began or its last re-send), made once for both flavours by the facade they share;
 - are read by one loop: a second loop, or a step while another thread or task is inside one, is
   refused (`OneReader`, a `RuntimeError`), touches nothing, and the first reads on;
 - are never kept alive by their call's token (its wake-ups hold them weakly): one dropped
@@ -154,7 +157,13 @@ class EventStream(Facade):
                 self._completion = step
                 self._end()
                 raise StopIteration
+            self._saw(step)
             return step
+        except Cancelled as error:
+            carried = self._carrying(error)
+            if carried is error:
+                raise
+            raise carried from error.__cause__
         finally:
             lock.release()
 

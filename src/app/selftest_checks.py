@@ -28,7 +28,7 @@ from domain.completion import Completion, FinishReason
 from domain.errors import InferError, shown
 from domain.events import ChatEvent
 from domain.llama_api import Props
-from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, ToolSchema, UserMessage
+from domain.messages import ChatMessage, ChatRequest, SystemMessage, ToolSchema, UserMessage
 
 MAIN_SLOT = 0
 OTHER_SLOT = 1
@@ -144,10 +144,14 @@ def check_props(target: Target) -> CheckResult:
 
 def check_tool_call(target: Target) -> CheckResult:
     config = target.config
-    messages: list[ChatMessage] = [UserMessage(TOOL_PROMPT)]
-    if config.selftest.tool_prefill:
-        messages.append(AssistantMessage(content=config.selftest.tool_prefill))
-    req = ChatRequest(slot=MAIN_SLOT, messages=messages, tools=[TOOL], thinking=False, tool_choice="required")
+    req = ChatRequest(
+        slot=MAIN_SLOT,
+        messages=[UserMessage(TOOL_PROMPT)],
+        tools=[TOOL],
+        thinking=False,
+        tool_choice="required",
+        prefill=config.selftest.tool_prefill or None,  # "" in the config: none
+    )
     completion = target.client.chat_with_retry(req, _ignore)
     tokens = _tokens(completion)
     calls = [c for c in completion.tool_calls if c.name == TOOL.name]
@@ -247,10 +251,7 @@ def check_cache(target: Target) -> CheckResult:
                 + describe_error(exc),
                 tokens,
             )
-    replay = AssistantMessage(
-        content=first.content, reasoning_content=first.reasoning_content, tool_calls=list(first.tool_calls)
-    )
-    turn2 = [*turn1, replay, UserMessage(TURN2_PROMPT)]
+    turn2 = [*turn1, first.message(), UserMessage(TURN2_PROMPT)]
     second = client.chat_with_retry(ChatRequest(slot=MAIN_SLOT, messages=turn2, thinking=True), _ignore)
     tokens += _tokens(second)
     outcome = cache_outcome(first.timings, second.timings, loss)

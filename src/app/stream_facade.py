@@ -11,7 +11,7 @@ from collections.abc import Callable
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import Cancelled, RequestError
-from domain.events import ChatEvent
+from domain.events import ChatEvent, Content, Reasoning, Retrying
 
 __all__ = ["CLOSED_WHILE_READ", "ONE_READER", "Facade", "OneReader", "Step", "check_sink", "emit", "weakly"]
 
@@ -78,10 +78,11 @@ def weakly(method: Callable[[], None]) -> Callable[[], None]:
 
 
 class Facade:
-    """What both flavours' streams share: the call's token, its completion, and how a loop over a
-    stream closed from elsewhere ends."""
+    """What both flavours' streams share: the call's token, its completion, how a loop over a
+    stream closed from elsewhere ends, and the answer's text as far as the events showed it,
+    which a `Cancelled` out of the stream carries (`Cancelled.content`, `.reasoning`)."""
 
-    __slots__ = ("__weakref__", "_completion", "_cut", "_looping", "_over", "_token")
+    __slots__ = ("__weakref__", "_completion", "_cut", "_looping", "_over", "_said", "_thought", "_token")
 
     def __init__(self) -> None:
         self._token = CancelToken()
@@ -89,6 +90,25 @@ class Facade:
         self._over = False
         self._looping = 0  # loops running over it
         self._cut = False  # closed while a loop ran: that loop (and any later) raises
+        # UTF-8 in one growing buffer each, as the assembler keeps it: never an object per event.
+        self._said = bytearray()
+        self._thought = bytearray()
+
+    def _saw(self, event: ChatEvent) -> None:
+        """Note what an event handed out brought to the answer; a re-send starts it over."""
+        if type(event) is Content:
+            self._said += event.text.encode()
+        elif type(event) is Reasoning:
+            self._thought += event.text.encode()
+        elif type(event) is Retrying and event.resend:
+            self._said.clear()
+            self._thought.clear()
+
+    def _carrying(self, error: Cancelled) -> Cancelled:
+        """The `Cancelled` a step raises, carrying the answer as far as the events showed it."""
+        if not self._said and not self._thought:
+            return error  # its `content` and `reasoning` are empty already
+        return error.carrying(self._said.decode(), self._thought.decode())
 
     @property
     def completion(self) -> Completion:

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from domain.messages import ToolCall
+from domain.messages import AssistantMessage, ToolCall
 
 
 class FinishReason(enum.Enum):
@@ -38,3 +38,9 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
     reasoning_tokens: int = 0
     thinking_capped: bool = False
+
+    def message(self) -> AssistantMessage:
+        """The answer as the next turn sends it back: its content, reasoning and tool calls as
+        they came, so that the next request renders the answer as it was generated, which the
+        slot's prompt cache can reuse (`domain.prompt_cache`)."""
+        return AssistantMessage(self.content, self.reasoning_content, tuple(self.tool_calls))

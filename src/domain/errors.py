@@ -196,7 +196,27 @@ def stream_error(obj: object, body: str) -> HttpError:
 
 class Cancelled(InferError):
     """The caller cancelled the call (`CancelToken.cancel()`); its connections were closed, so
-    the server stopped generating, and its place at the slot gate was given up. Not retried."""
+    the server stopped generating, and its place at the slot gate was given up. Not retried.
+
+    `content` and `reasoning` are the text the call's `Content` and `Reasoning` events brought
+    before it, since the call began or its last re-send (`Retrying(resend=True)` starts the
+    answer over): the answer as far as it was shown. Empty when none came."""
+
+    content: str = ""
+    reasoning: str = ""
+
+    def carrying(self, content: str, reasoning: str) -> Cancelled:
+        """This error for a call whose events brought `content` and `reasoning`: a copy (its
+        class, message, cause and traceback kept), as one error may end many calls (a close
+        ends every call in flight with the same one)."""
+        kind = type(self)
+        copy = kind.__new__(kind)
+        copy.args = self.args
+        copy.__dict__.update(self.__dict__)
+        copy.content, copy.reasoning = content, reasoning
+        copy.__cause__, copy.__context__ = self.__cause__, self.__context__
+        copy.__suppress_context__ = self.__suppress_context__
+        return copy.with_traceback(self.__traceback__)
 
 
 class ClientClosed(Cancelled):

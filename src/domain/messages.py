@@ -49,6 +49,28 @@ class ToolMessage:
     tool_call_id: str
     content: str
 
+    @classmethod
+    def answering(cls, call: ToolCall, content: str) -> ToolMessage:
+        """The result of `call`, sent back after the assistant message that made it: the message
+        carries the call's id, which is how the template pairs the two. `content` is the text the
+        model reads; a result held as a dict or list is serialised first (to JSON text, say), as
+        only the caller knows how it should read."""
+        if not isinstance(call, ToolCall):
+            raise TypeError(f"call must be a ToolCall, not {type(call).__name__}")
+        if not isinstance(call.id, str):
+            raise TypeError(f"call.id must be a str, not {type(call.id).__name__}")
+        if not isinstance(content, str):
+            raise TypeError(f"content must be a str, not {type(content).__name__}{_how_to_text(content)}")
+        return cls(call.id, content)
+
+
+def _how_to_text(value: object) -> str:
+    if isinstance(value, Mapping | list | tuple):
+        return ": serialise the result to text first (JSON, say: json.dumps(result))"
+    if isinstance(value, bytes | bytearray):
+        return ": decode it to text first"
+    return ""
+
 
 ChatMessage = SystemMessage | UserMessage | AssistantMessage | ToolMessage
 
@@ -79,12 +101,14 @@ class Sampling:
 class ChatRequest:
     """One chat on one slot. `tools` is fixed for an epoch and may be empty.
 
-    The last four fields are per-request options; left at their defaults, the request renders
+    The last five fields are per-request options; left at their defaults, the request renders
     exactly as it would without them. `max_tokens` and `sampling` replace the config's values
     for this request only; `stop` adds stop strings (the server cuts the answer before the
     first one it meets); `response_format` is the chat-completions object that constrains the
     answer, e.g. `{"type": "json_schema", "json_schema": {"name": "person", "schema": {...}}}`,
-    sent exactly as given.
+    sent exactly as given; `prefill` is the answer's opening, sent after the messages as an
+    assistant message the server goes on from (the opening of a tool call in the template's
+    syntax forces a call where `tool_choice` alone does not), and kept out of the history.
     """
 
     slot: int
@@ -96,3 +120,4 @@ class ChatRequest:
     sampling: Sampling | None = None
     stop: tuple[str, ...] = ()
     response_format: Mapping[str, Any] | None = None
+    prefill: str | None = None

@@ -83,6 +83,14 @@ def _key(message: ChatMessage) -> tuple[object, ...]:
     return (type(message).__name__, *(getattr(message, name) for name in message.__slots__))
 
 
+def _sent(req: ChatRequest) -> tuple[ChatMessage, ...]:
+    """The messages the request's body carries: a prefill is the last of them, as the server
+    renders it (the prediction is the one for the same request with the prefill as a message)."""
+    if req.prefill is None:
+        return tuple(req.messages)
+    return (*req.messages, AssistantMessage(req.prefill))
+
+
 def _options(req: ChatRequest) -> tuple[object, ...]:
     return (tuple(req.tools), req.thinking, req.tool_choice)
 
@@ -115,7 +123,7 @@ class SlotTurn:
         reasoning = completion.reasoning_content or ""
         start = (reasoning or completion.content or "").strip()[:_ANSWER_START]
         return cls(
-            messages=tuple(_key(m) for m in req.messages),
+            messages=tuple(_key(m) for m in _sent(req)),
             options=_options(req),
             body=body,
             rendered=rendered,
@@ -142,7 +150,7 @@ def _in_prompt(previous: SlotTurn, req: ChatRequest) -> tuple[int | None, CacheC
     """Where and why prompts diverge inside the previous prompt."""
     if _options(req) != previous.options:
         return None, CacheCause.OPTIONS_CHANGED
-    now = [_key(m) for m in req.messages]
+    now = [_key(m) for m in _sent(req)]
     for index, (before, after) in enumerate(zip(previous.messages, now, strict=False)):
         if before != after:
             return index, CacheCause.MESSAGE_CHANGED
@@ -155,7 +163,8 @@ def _in_prompt(previous: SlotTurn, req: ChatRequest) -> tuple[int | None, CacheC
 def _sent_back(previous: SlotTurn, req: ChatRequest) -> bool:
     """The request's message after the previous ones is the previous answer (its content, calls)."""
     index = len(previous.messages)
-    sent = req.messages[index] if index < len(req.messages) else None
+    messages = _sent(req)
+    sent = messages[index] if index < len(messages) else None
     return isinstance(sent, AssistantMessage) and _answer(sent.content, sent.tool_calls) == previous.answer
 
 

@@ -18,8 +18,8 @@ one tool (the template renders no tool section either way, and `tool_choice: "re
 tool is refused as a caller error); sampling fields set to `None` are left out, so the server's
 default applies.
 
-Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_format`) are checked
-and placed by `domain.request_options`; unset, they change nothing.
+Per-request options (`ChatRequest.max_tokens`, `sampling`, `stop`, `response_format`, `prefill`)
+are checked and placed by `domain.request_options`; unset, they change nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from domain.messages import (
 )
 from domain.request_options import (
     INT32_MAX,
+    checked_prefill,
     checked_response_format,
     sampling_fields,
     stop_strings,
@@ -161,11 +162,12 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     response_format = checked_response_format(req.response_format)
     if response_format is not None and tools and req.tool_choice == "required":
         raise RequestError('response_format cannot be combined with tool_choice "required": the answer is held to it')
+    prefill = checked_prefill(req.prefill, thinking=req.thinking, last=messages[-1])
 
-    body: dict[str, Any] = {
-        "model": settings.model,
-        "messages": [_message(m, i) for i, m in enumerate(messages)],
-    }
+    rendered = [_message(m, i) for i, m in enumerate(messages)]
+    if prefill is not None:
+        rendered.append({"role": "assistant", "content": prefill})
+    body: dict[str, Any] = {"model": settings.model, "messages": rendered}
     if tools:
         body["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
         body["tool_choice"] = req.tool_choice

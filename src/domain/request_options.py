@@ -1,5 +1,5 @@
 """The per-request options of a chat (`ChatRequest.max_tokens` is `domain.request`'s), checked
-and placed: `sampling`, `stop`, `response_format`.
+and placed: `sampling`, `stop`, `response_format`, `prefill`.
 
 - Unset, they change nothing: the body is byte for byte what it is without them. Set,
   `max_tokens` and each sampling field take the config's value's place (same key, same
@@ -16,6 +16,11 @@ and placed: `sampling`, `stop`, `response_format`.
   schema's property order.
 - With tools, `response_format` wins: the answer is held to the schema and no tool can be called.
   `tool_choice: "required"` with a `response_format` asks for both and is refused.
+- `prefill` is sent as the last message, `{"role": "assistant", "content": prefill}`: the very
+  bytes of an `AssistantMessage(prefill)` at the end of the messages, which llama-server goes on
+  from. It is refused where llama-server would refuse the request (after another assistant
+  message: it allows one at the end; with thinking on: it refuses a prefill then) and when it is
+  empty (which would prefill nothing).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 
 from domain.errors import RequestError, shown
 from domain.json_check import MAX_JSON_DEPTH, json_tree, valid_text
-from domain.messages import Sampling
+from domain.messages import AssistantMessage, Sampling
 
 __all__ = [
     "FLOAT32_MAX",
@@ -39,6 +44,7 @@ __all__ = [
     "SAMPLING_FIELDS",
     "UINT32_MAX",
     "RequestSettings",
+    "checked_prefill",
     "checked_response_format",
     "sampling_fields",
     "stop_strings",
@@ -175,3 +181,22 @@ def checked_response_format(value: object) -> dict[str, Any] | None:
         _schema_object(value, where, required=False)
     tree: dict[str, Any] = json_tree(value, where)
     return tree
+
+
+def checked_prefill(value: object, *, thinking: bool, last: object) -> str | None:
+    """The caller's `prefill`, sent after the messages (the last of them `last`) as the answer's
+    opening; None when there is none."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise RequestError(f"prefill must be a string, not {type(value).__name__}")
+    if not value:
+        raise RequestError("prefill is empty: give the answer's opening, or None for no prefill")
+    valid_text(value, "prefill")
+    if thinking:
+        raise RequestError("prefill cannot be combined with thinking: llama-server refuses an assistant prefill then")
+    if isinstance(last, AssistantMessage):
+        raise RequestError(
+            "prefill cannot follow an assistant message: llama-server refuses two assistant messages at the end"
+        )
+    return value

@@ -66,6 +66,7 @@ from domain.messages import (
     ToolSchema,
     UserMessage,
 )
+from domain.openai_form import from_openai, to_openai, tools_from_openai, tools_to_openai
 from domain.prompt_cache import Checkpoint
 
 __all__ = [
@@ -124,7 +125,11 @@ __all__ = [
     "Waiting",
     "__version__",
     "cache_outcome",
+    "from_openai",
     "load_config",
     "parse_config",
     "sha256",
+    "to_openai",
+    "tools_from_openai",
+    "tools_to_openai",
 ]

@@ -9,7 +9,7 @@ import typing
 
 import inferpath
 from app import async_client, client
-from domain import errors, events, messages
+from domain import errors, events, messages, openai_form
 
 
 def test_every_name_in_all_is_importable_and_is_its_home_modules_object() -> None:
@@ -45,3 +45,9 @@ def test_the_front_door_names_the_brief_asks_for() -> None:
     }
     assert wanted <= set(inferpath.__all__)
     assert inferpath.Client is client.Client and inferpath.AsyncClient is async_client.AsyncClient
+
+
+def test_the_conversion_to_and_from_openai_style_dicts_is_exported() -> None:
+    for name in ("to_openai", "from_openai", "tools_to_openai", "tools_from_openai"):
+        assert name in inferpath.__all__
+        assert getattr(inferpath, name) is getattr(openai_form, name)

@@ -21,19 +21,22 @@ from adapters.fake_server import FakeClock, FakeSlotProbe, RecordedRequest, Scri
 from adapters.fake_server.script import Script
 from app import selftest
 from app.config import Config, ConfigError, parse_config
-from app.container import Container
+from app.container import Container, request_settings
 from app.selftest import Report, run
 from app.selftest_checks import (
     MAX_TOKENS,
     OTHER_MAX_TOKENS,
     OTHER_PROMPT,
     SYSTEM,
+    TOOL,
+    TOOL_PROMPT,
     TURN1_PROMPT,
     TURN2_PROMPT,
     cache_check_floor,
 )
 from client_support import CHAT, PROPS, ROLE, chunk, overridden
-from domain.request import RequestError
+from domain.messages import AssistantMessage, ChatRequest, UserMessage
+from domain.request import RequestError, build_chat_body
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -691,6 +694,28 @@ def test_the_tool_check_asks_without_thinking_and_both_cache_turns_with_thinking
 def test_the_prefill_is_sent_as_the_assistants_opening(selftest_on: Callable[..., Outcome]) -> None:
     outcome = selftest_on(Server(), selftest={"tool_prefill": "<tool_call>\n"})
     assert outcome.chats()[0]["messages"][-1] == {"role": "assistant", "content": "<tool_call>\n"}
+
+
+def test_the_tool_request_with_its_prefill_is_byte_for_byte_the_one_ending_in_an_assistant_message(
+    selftest_on: Callable[..., Outcome],
+) -> None:
+    prefill = '<tool_call>\n{"name": "get_time", "arguments": {"city": "'
+    outcome = selftest_on(Server(), selftest={"tool_prefill": prefill})
+    sent = next(r.body for r in outcome.transport.requests if (r.method, r.path) == CHAT)
+    by_hand = ChatRequest(
+        slot=0,
+        messages=[UserMessage(TOOL_PROMPT), AssistantMessage(content=prefill)],
+        tools=[TOOL],
+        thinking=False,
+        tool_choice="required",
+    )
+    config = selftest.selftest_config(parse_config({"socket": "/fake/llama.sock", "expect": EXPECT}))
+    assert sent == build_chat_body(by_hand, request_settings(config), total_slots=2)
+
+
+def test_without_a_prefill_the_tool_request_ends_with_the_users_message(selftest_on: Callable[..., Outcome]) -> None:
+    outcome = selftest_on(Server())
+    assert outcome.chats()[0]["messages"] == [{"role": "user", "content": TOOL_PROMPT}]
 
 
 def test_turn_2_replays_turn_1s_reasoning_and_tool_calls(selftest_on: Callable[..., Outcome]) -> None:

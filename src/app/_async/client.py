@@ -113,7 +113,8 @@ class AsyncClient:
         `Stalled` on silence past `idle_grace_ms` or `liveness_ms`;
         `ConnectError`, `StreamClosedEarly` when the socket or the stream breaks;
         `HttpError` for a non-200 answer; `ProtocolError`, `ThinkingOverrun`;
-        `Cancelled` when `cancel` fires, `ClientClosed` when the client is closed."""
+        `Cancelled` when `cancel` fires, `ClientClosed` when the client is closed (either
+        carrying the answer's text as far as the events showed it: `content`, `reasoning`)."""
         sink = _sink(on_event)
         async with self.stream(req, cancel) as stream:
             return await stream.run(sink)
