@@ -131,10 +131,16 @@ def unloaded_mid_answer(server: FakeServer, status: str) -> ReplayRing:
     server.route(*STOP, ring.stop)
     server.route("GET", "/v1/stream", lambda request: (ring.forget(), ring.reattach(request))[1])
     model = config_for(server.socket_path).model
-    entry: dict[str, Any] = {"id": model, "object": "model"}
-    if status:
-        entry["status"] = {"value": status}
-    server.route("GET", "/models", lambda request: json_reply({"object": "list", "data": [entry]}))
+    said = status.split(",")  # the status of each ask in turn, the last one repeated
+
+    def models(request: object) -> Any:
+        value = said.pop(0) if len(said) > 1 else said[0]
+        entry: dict[str, Any] = {"id": model, "object": "model"}
+        if value:
+            entry["status"] = {"value": value}
+        return json_reply({"object": "list", "data": [entry]})
+
+    server.route("GET", "/models", models)
     return ring
 
 
@@ -184,3 +190,14 @@ def test_a_stream_that_ends_without_its_final_chunk_on_an_unload_is_named_for_it
 
     assert "before its final chunk" in str(caught.value)
     assert "the router unloaded the model mid-answer" in str(caught.value), caught.value
+
+
+def test_a_router_that_says_loaded_a_moment_after_the_cut_is_asked_again(server: FakeServer, client_kind: Kind) -> None:
+    # A router says "loaded" until the stopped model's server has exited, a moment after the cut.
+    unloaded_mid_answer(server, "loaded,loaded,unloaded")
+
+    with pytest.raises(StreamClosedEarly) as caught:
+        client_kind.client_for(server).chat(REQ)
+
+    assert "the router unloaded the model mid-answer" in str(caught.value), caught.value
+    assert len([r for r in server.requests if r.path == "/models"]) == 3

@@ -42,6 +42,9 @@ from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, Respons
 
 __all__ = ["AsyncHttpSlotProbe", "check_stream_head", "error_body", "fetch", "read_all", "refuse", "stop"]
 
+# How often, and how far apart, a cut on a router asks `/models` whether the model is still loaded.
+_UNLOAD_LOOKS, _UNLOAD_LOOK_S = 4, 0.1
+
 log = logging.getLogger("inferpath.probe")
 client_log = logging.getLogger("inferpath.client")
 
@@ -104,13 +107,20 @@ async def named_cut(
 ) -> InferError:
     """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
     named for an unload when a router's `/models` says the model is gone (`unloaded_cut`); as
-    it is when `/models` cannot say."""
-    try:
-        listing = await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token)
-    except InferError:
-        token.raise_if_cancelled()
-        return cut
-    return unloaded_cut(cut, model_status(listing, model))
+    it is when `/models` cannot say. A router says "loaded" until the stopped model's server has
+    exited, a moment after it ended its streams: "loaded" is asked again a few times."""
+    status = None
+    for look in range(_UNLOAD_LOOKS):
+        if look:
+            await clock.sleep(_UNLOAD_LOOK_S, token)
+        try:
+            status = model_status(await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model)
+        except InferError:
+            token.raise_if_cancelled()
+            return cut
+        if status != "loaded":
+            break
+    return unloaded_cut(cut, status)
 
 
 async def post_control(
