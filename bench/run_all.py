@@ -1,8 +1,11 @@
-"""`make bench`: every benchmark, side by side measurements in one run, printed as one table."""
+"""`make bench`: every benchmark, side by side measurements in one run, printed as one table and
+written to `bench/RESULTS.md` (the figures the docs point to: never edited by hand)."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -32,6 +35,7 @@ SUITES = [
 
 def main() -> int:
     quick = "--quick" in sys.argv
+    begun = time.monotonic()
     rows: list[tuple[str, str]] = []
     for title, module_name in SUITES:
         started = time.monotonic()
@@ -42,7 +46,25 @@ def main() -> int:
         rows.extend(suite_rows)
     print()
     print_table(rows)
+    write_results(rows, quick=quick, took_s=time.monotonic() - begun)
     return 0
+
+
+def write_results(rows: list[tuple[str, str]], *, quick: bool, took_s: float) -> None:
+    """The table as `bench/RESULTS.md`: what ran, on what, when, and every row as printed."""
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    head = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench`{' --quick' if quick else ''} on {time.strftime('%Y-%m-%d %H:%M %Z')}"
+        f" ({machine}; {took_s / 60:.1f} min). Ratios are measured side by side in one run; absolute",
+        "figures move with the machine's load. Do not edit: run `make bench` again.",
+        "",
+        "| what | figure |",
+        "|---|---|",
+    ]
+    body = [f"| {name.replace('|', '/')} | {value.replace('|', '/')} |" for name, value in rows]
+    (HERE / "RESULTS.md").write_text("\n".join([*head, *body, ""]), encoding="utf-8")
 
 
 if __name__ == "__main__":

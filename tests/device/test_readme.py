@@ -1,4 +1,5 @@
-"""README.md's runnable examples, run against a stack served by scripts/serve.py.
+"""The runnable examples of README.md and of every file under docs/, and examples/daemon.py, run
+against a stack served by scripts/serve.py.
 
 Marking: a README code block is runnable when its fence's info string is the language followed by
 the word `runnable`: ```` ```python runnable ```` or ```` ```sh runnable ````. The language comes
@@ -30,6 +31,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+DAEMON = REPO / "examples" / "daemon.py"
 SERVE = REPO / "scripts" / "serve.py"
 READY_LINE = "serving; Ctrl-C stops it"  # scripts/serve.py's READY_LINE
 RUN_FOLDER = ".run/"
@@ -47,23 +50,27 @@ class Block:
     line: int
     language: str
     code: str
+    source: str = "README.md"
 
     @property
     def name(self) -> str:
-        return f"README.md:{self.line}:{self.language}"
+        return f"{self.source}:{self.line}:{self.language}"
 
 
-def runnable_blocks(text: str) -> list[Block]:
+def runnable_blocks(text: str, source: str = "README.md") -> list[Block]:
     blocks = []
     for match in FENCE.finditer(text):
         words = match["info"].split()
         if "runnable" in words[1:]:
             line = text.count("\n", 0, match.start()) + 1
-            blocks.append(Block(line, words[0], match["code"]))
+            blocks.append(Block(line, words[0], match["code"], source))
     return blocks
 
 
-BLOCKS = runnable_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    *runnable_blocks(README.read_text(encoding="utf-8")),
+    *(block for doc in DOCS for block in runnable_blocks(doc.read_text(encoding="utf-8"), f"docs/{doc.name}")),
+]
 
 
 def test_the_readme_marks_its_examples_runnable() -> None:
@@ -79,7 +86,8 @@ def test_the_readme_marks_its_examples_runnable() -> None:
         "inferproxy",
         "packages_distributions",
     ):
-        assert needle in joined, f"no runnable README block holds {needle!r}"
+        assert needle in joined, f"no runnable README or docs block holds {needle!r}"
+    assert any(b.source == "README.md" for b in BLOCKS), "the README's own examples run too"
 
 
 def test_the_fence_parser_takes_only_blocks_marked_runnable() -> None:
@@ -163,3 +171,21 @@ def test_each_runnable_readme_block_exits_0_against_the_served_stack(served: Sta
     )
     if "packages_distributions" in block.code:
         assert done.stdout.splitlines() == OWNERS
+
+
+@pytest.mark.device
+@pytest.mark.timeout(BLOCK_TIMEOUT_S + 120)
+def test_the_example_daemon_runs_its_four_sessions_in_both_flavours_against_the_served_stack(served: Stack) -> None:
+    done = subprocess.run(
+        [sys.executable, str(DAEMON), str(served.run_dir / "config.toml")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, f"--- stdout:\n{done.stdout}\n--- stderr:\n{done.stderr}"
+    lines = done.stdout.splitlines()
+    for session in range(4):  # three on the asyncio client, one on the blocking client
+        assert any(line.startswith(f"session {session}: ") for line in lines), lines
+    assert any(line.startswith("session 3: stopped after ") for line in lines), "the blocking session's cancel"

@@ -132,7 +132,7 @@ class AsyncClient:
             return await stream.run(sink)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
-        """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
+        """`chat` as an iterator of events: `async with client.stream(req) as s: async for e in s: ...`."""
         return AsyncEventStream(lambda token: self._steps(req, token, cancel, retry=False))
 
     def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
