@@ -147,15 +147,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _in_prompt(previous: SlotTurn, req: ChatRequest) -> tuple[int | None, CacheCause | None]:
-    """Where and why prompts diverge inside the previous prompt."""
-    if _options(req) != previous.options:
-        return None, CacheCause.OPTIONS_CHANGED
+    """Where and why prompts diverge inside the previous prompt: at the first message that differs
+    (another conversation, an edit), else at the options (the tools, the thinking switch)."""
     now = [_key(m) for m in _sent(req)]
     for index, (before, after) in enumerate(zip(previous.messages, now, strict=False)):
         if before != after:
             return index, CacheCause.MESSAGE_CHANGED
     if len(now) < len(previous.messages):
         return len(now), CacheCause.MESSAGE_CHANGED
+    if _options(req) != previous.options:
+        return None, CacheCause.OPTIONS_CHANGED
     # Every message kept: the template renders what follows them unlike the generation prompt.
     return len(previous.messages), CacheCause.REASONING_DROPPED if previous.thought else None
 
@@ -204,6 +205,7 @@ def predict(
         reused, where = max(common, total - 1), (None, None)
     else:
         reused, where = common, _in_answer(previous, req)
+    reused = min(reused, total)  # a /tokenize that disagrees with the server's own count claims no more
     if held is not None and held < reused:
         if reused - held > loss_tokens:
             where = (None, CacheCause.SLOT_EMPTIED)

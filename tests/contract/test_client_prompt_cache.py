@@ -10,14 +10,25 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, error_reply, json_reply, silence
+from adapters.fake_server import (
+    ROLE,
+    End,
+    FakeServer,
+    RecordedRequest,
+    Reply,
+    chunk,
+    error_reply,
+    json_reply,
+    silence,
+    sse_reply,
+)
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from cache_server import ANSWER, CachingLlama, render
 from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.cancel import CancelToken
-from domain.errors import Cancelled, ClientClosed, RequestError
+from domain.errors import Cancelled, ClientClosed, RequestError, StreamClosedEarly
 from domain.events import CacheCause, CachePrediction, ChatEvent, Content
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
@@ -462,3 +473,34 @@ def test_a_checkpoint_with_no_prompt_on_record_is_never_restored_by_itself(
     assert "POST /slots/0?action=restore&autoload=false" not in paths(server)
     assert prediction.restored == 0
     assert any("not restored: it has no prompt on record" in r.getMessage() for r in caplog.records), caplog.text
+
+
+class CuttingLlama(CachingLlama):
+    """Takes the next request's prompt into its slot as any other, then cuts its stream: the
+    call fails after the server processed the prompt (as a cancel or a failure would leave it)."""
+
+    cut_next = False
+
+    def _chat(self, request: RecordedRequest) -> Reply:
+        whole = super()._chat(request)
+        if not self.cut_next:
+            return whole
+        self.cut_next = False
+        return sse_reply([chunk(ROLE, n=0)], done=False, end=End.RESET)
+
+
+def test_a_request_that_failed_after_the_server_took_its_prompt_is_not_predicted_from(
+    server: FakeServer, client_kind: Kind
+) -> None:
+    llama = CuttingLlama(server)
+    client = client_for(client_kind, server)
+    turn(client, SYSTEM, ASK)
+    llama.cut_next = True  # another conversation on the slot, cut after its prompt was processed
+    with pytest.raises(StreamClosedEarly):
+        turn(client, SystemMessage("Another session entirely, with other rules. " * 4), ASK)
+
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+
+    # The slot holds the failed request's prompt, not the first turn's: predicted from the first
+    # turn, the reuse would have been claimed far above what the server found.
+    assert [p for p in predictions(events) if p.reused > llama.cache_n[-1]] == []

@@ -332,3 +332,22 @@ def test_a_tool_call_answer_sent_back_as_made_is_reused_whole() -> None:
     now = rendered([*PROMPT1, 7], TEXT1 + "<call>")
     prediction = predict(previous, BEFORE, follow_up(AssistantMessage(None, None, [call])), now, 399, LOSS)
     assert (prediction.reused, prediction.lost) == (399, False)
+
+
+def test_another_conversation_with_other_options_is_named_at_its_first_changed_message() -> None:
+    # The slot's last request came from another conversation, whose tool_choice differed too:
+    # the prompts part at the first message that differs, and that is the cause to name.
+    other = ChatRequest(slot=0, messages=(SYSTEM, UserMessage("Name a city.")), tool_choice="none")
+    now = rendered(PROMPT1[:250] + [7] * 100, "x")
+    prediction = predict(turn(), BEFORE, other, now, held=399, loss_tokens=LOSS)
+    assert (prediction.message, prediction.cause) == (1, CacheCause.MESSAGE_CHANGED)
+
+
+def test_a_tokenizer_that_disagrees_with_the_servers_count_never_claims_more_than_the_slot_held() -> None:
+    # A hostile or inconsistent /tokenize: 200,000 tokens for a previous turn of 400.
+    huge = rendered(list(range(200_000)), TEXT1)
+    longer = rendered(
+        [*range(200_000), *range(5000, 5100)], TEXT1 + ANSWER + "</assistant><user>And three more.</user>"
+    )
+    prediction = predict(turn(), huge, follow_up(), longer, held=None, loss_tokens=LOSS)
+    assert prediction.reused <= prediction.previous == 400

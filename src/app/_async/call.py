@@ -38,7 +38,7 @@ from app.conversation_ids import ConversationIds
 from app.event_stream import Step
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
-from domain.attempt import Input
+from domain.attempt import Input, Phase
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
@@ -180,6 +180,8 @@ class AsyncLlamaCalls:
                     yield retrying
         finally:
             flight.close()
+            if flight.sent and machine.phase is not Phase.DONE:  # the slot holds what we know not
+                self.cache.forget(slot)
             try:  # the slot is given back however the stop ends; a cancel does not cut the stop
                 if flight.generating is not None:
                     await AsyncUncut.run(self._stop, flight.generating)
@@ -259,6 +261,7 @@ class AsyncLlamaCalls:
             "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
+        flight.sent = True
         flight.machine.happened(Input.SENT)
         try:
             self._ids.refill()  # the next request's id, made while this one's answer is awaited

@@ -32,6 +32,7 @@ class Flight:
         "link",
         "machine",
         "queued_s",
+        "sent",
         "started",
         "stream",
     )
@@ -48,6 +49,7 @@ class Flight:
         self.started = 0.0
         self.first = True
         self.queued_s = 0.0  # how long the attempt queued at the gate, until its first request
+        self.sent = False  # a request of this attempt reached the server (its slot holds it now)
 
     def take_queued(self) -> float:
         """The time queued at the gate, for the attempt's first request only (a re-send after it

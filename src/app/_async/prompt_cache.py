@@ -86,6 +86,12 @@ class AsyncPromptCache:
 
     # -- the prediction -----------------------------------------------------------------------
 
+    def forget(self, slot: int) -> None:
+        """A request reached the server on `slot` and did not complete (cancelled, failed, sent
+        again): what the slot holds now is not what its last completed request left there, so
+        the next turn is not predicted from that one."""
+        self._memory.turns.pop(slot, None)
+
     def wanted(self, slot: int) -> bool:
         """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is sent."""
         memory = self._memory
