@@ -40,7 +40,7 @@ from common import (
 sys.path.insert(0, str(SRC))
 
 from adapters.fake_server import ROLE, chunk, chunk_timings, sse_event
-from adapters.uds_http.transport import UdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
 from app.config import Limits
 from domain.sse import SseData, SseDecoder, SseDone, parse_chunk
 from ports.transport import TIMED_OUT

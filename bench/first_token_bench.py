@@ -309,8 +309,9 @@ class Marks:
 def stamped_transports(socket_path: str, marks: Marks) -> tuple[Any, Any]:
     """A `UdsTransport` and an `AsyncUdsTransport` whose exchanges note when the request was
     written and the head arrived; reads go straight to the real exchange's `read`."""
+    from adapters.uds_http._async.transport import AsyncUdsTransport
+    from adapters.uds_http._sync.transport import UdsTransport
     from adapters.uds_http.sockets import SocketAhead
-    from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
     from ports.transport import TimedOut
 
     class Ahead(SocketAhead):

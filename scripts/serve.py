@@ -109,7 +109,7 @@ def serve(run_dir: Path, *, router: bool = False) -> int:
             f"  python -m app.selftest --config {rel}/config.toml\n"
             f"  python -m app.selftest --print-expect --config {rel}/config.toml\n"
             f"  curl -s --unix-socket {rel}/infer.sock http://localhost/props | head -c 300; echo\n"
-            '  and the examples of README.md and docs/\n',
+            "  and the examples of README.md and docs/\n",
             flush=True,
         )
         print(READY_LINE, flush=True)

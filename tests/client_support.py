@@ -25,11 +25,13 @@ from typing import Any, cast
 
 from adapters.fake_server import CHUNK_ID, ROLE, AsyncFakeClock, FakeClock, FakeServer, RecordedRequest, chunk
 from adapters.system import AsyncSystemClock, SystemClock
-from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
+from adapters.uds_http._async.transport import AsyncUdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
+from app._async.fetch import AsyncHttpSlotProbe
+from app._sync.fetch import HttpSlotProbe
 from app.client import Client
 from app.config import Config, parse_config
 from app.container import Container
-from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from async_bridge import AsyncBridge, run
 from domain.bodies import FetchLimits
 from domain.completion import Completion, FinishReason, Timings

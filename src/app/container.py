@@ -12,12 +12,14 @@ from typing import Any
 from dependency_injector import containers, providers
 
 from adapters.system import AsyncSystemClock, SystemClock
-from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
+from adapters.uds_http._async.transport import AsyncUdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
+from app._async.fetch import AsyncHttpSlotProbe
+from app._sync.fetch import HttpSlotProbe
 from app.async_client import AsyncClient
 from app.client import Client
 from app.config import Config
 from app.slot_memory import SlotMemory
-from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
 from domain.connect_budget import ConnectBudget
 from domain.gate import SlotGate
 from domain.limits import ClientLimits, FetchLimits, StreamLimits

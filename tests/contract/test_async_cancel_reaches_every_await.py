@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from adapters.fake_server import End, FakeServer, RecordedRequest, Script, silence, sse_reply
-from adapters.uds_http.transport import AsyncUdsTransport
+from adapters.uds_http._async.transport import AsyncUdsTransport
 from app.async_client import AsyncClient
 from client_support import CHAT, PROPS, REQ, chunk, config_for, overridden, recorded
 from domain.cancel import CancelToken

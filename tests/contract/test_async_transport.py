@@ -17,10 +17,12 @@ import pytest
 
 from adapters.fake_server import End, FakeServer, Piece, Raw, RouteItem, json_reply, silence, sse_reply
 from adapters.system import AsyncSystemClock, SystemClock
+from adapters.uds_http._async.transport import AsyncUdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
 from adapters.uds_http.sockets import AsyncSocketStream
-from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
-from app.fetch import fetch, fetch_async
-from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from app._async.fetch import AsyncHttpSlotProbe
+from app._async.fetch import fetch as fetch_async
+from app._sync.fetch import HttpSlotProbe, fetch
 from client_support import refuse_unread
 from domain.bodies import FetchLimits
 from domain.errors import InferError

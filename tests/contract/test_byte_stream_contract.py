@@ -16,7 +16,7 @@ import pytest
 from adapters.fake_server import End, FakeClock, FakeServer, Piece, Raw, RecordedRequest, Reply, Routes, sse_reply
 from adapters.fake_server.memory import ScriptedStream
 from adapters.fake_server.wire import RequestReader, Wire, on_wire
-from adapters.uds_http.transport import SocketStream
+from adapters.uds_http.sockets import SocketStream
 from ports import ByteStream
 from ports.transport import TIMED_OUT
 

@@ -33,8 +33,8 @@ from adapters.fake_server import (
     sse_reply,
 )
 from adapters.system import SystemClock
-from adapters.uds_http.transport import UdsTransport
-from app.fetch import read_all
+from adapters.uds_http._sync.transport import UdsTransport
+from app._sync.fetch import read_all
 from domain.errors import StreamClosedEarly
 from domain.sse import SseData, SseDecoder, SseDone
 from ports.transport import TIMED_OUT, ResponseHead

@@ -11,10 +11,9 @@ import pytest
 
 from adapters.fake_server import FakeClock, FakeServer, ScriptedTransport, raw_reply, split_recorded
 from adapters.system import SystemClock
+from adapters.uds_http._sync.transport import UdsTransport
 from adapters.uds_http.body import ChunkedBody
-from adapters.uds_http.transport import UdsTransport
-from app.fetch import read_all
-from app.slot_probe import HttpSlotProbe
+from app._sync.fetch import HttpSlotProbe, read_all
 from domain.bodies import FetchLimits
 from domain.sse import SseComment, SseData, SseDecoder, SseDone, parse_chunk
 from ports import Exchange, SlotState, Transport

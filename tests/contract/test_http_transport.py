@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from adapters.fake_server import FakeServer, Piece, Reply
 from adapters.system import SystemClock
-from adapters.uds_http.transport import UdsExchange, UdsTransport, exchange_over
-from app.fetch import read_all
+from adapters.uds_http._sync.exchange import HttpExchange as UdsExchange
+from adapters.uds_http._sync.transport import UdsTransport, exchange_over
+from app._sync.fetch import read_all
 from client_support import refuse_unread
 from domain.errors import ConnectError, InferError, ProtocolError, Stalled, StreamClosedEarly
 from ports.transport import TIMED_OUT, ResponseHead

@@ -37,8 +37,10 @@ from adapters.fake_server import (
     slots_reply,
 )
 from adapters.system import AsyncSystemClock, SystemClock
-from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
-from app.slot_probe import AsyncHttpSlotProbe, HttpSlotProbe
+from adapters.uds_http._async.transport import AsyncUdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
+from app._async.fetch import AsyncHttpSlotProbe
+from app._sync.fetch import HttpSlotProbe
 from async_bridge import run
 from domain.bodies import FetchLimits
 from domain.cancel import CancelToken

@@ -19,8 +19,9 @@ import pytest
 from pytest_mock import MockerFixture
 
 import adapters.uds_http.sockets as sockets
+from adapters.uds_http._async.transport import AsyncUdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
 from adapters.uds_http.sockets import SocketAhead
-from adapters.uds_http.transport import AsyncUdsTransport, UdsTransport
 from domain.errors import ConnectError
 
 pytestmark = pytest.mark.timeout(10)

@@ -30,9 +30,9 @@ from adapters.fake_server import (
     sse_reply,
 )
 from adapters.system import SystemClock
+from adapters.uds_http._sync.transport import UdsTransport
 from adapters.uds_http.sockets import SocketStream
-from adapters.uds_http.transport import UdsTransport
-from app.fetch import read_all
+from app._sync.fetch import read_all
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
 from ports import Clock, Exchange, Transport
 from ports.transport import TIMED_OUT, ResponseHead

@@ -363,7 +363,7 @@ def test_the_thread_rule_covers_the_domain_ports_and_client_and_sees_the_proxy_t
         "ports/clock.py",
         "app/client.py",
         "app/container.py",
-        "adapters/uds_http/transport.py",
+        "adapters/uds_http/_async/transport.py",
         "adapters/system.py",
     } <= checked
     assert thread_starts((SRC / "adapters" / "proxy" / "connection.py").read_text(encoding="utf-8")) != []
@@ -522,7 +522,7 @@ def test_the_tcp_rule_covers_all_but_the_proxy_and_sees_the_proxys_tcp() -> None
     assert {
         "domain/gate.py",
         "app/client.py",
-        "adapters/uds_http/transport.py",
+        "adapters/uds_http/_async/transport.py",
         "adapters/fake_server/server.py",
     } <= checked
     assert tcp_uses((SRC / "adapters" / "proxy" / "connection.py").read_text(encoding="utf-8")) != []

@@ -22,11 +22,11 @@ import pytest
 from dependency_injector import providers
 
 from adapters.system import SystemClock
-from adapters.uds_http.transport import UdsTransport
+from adapters.uds_http._sync.transport import UdsTransport
+from app._sync.fetch import HttpSlotProbe
 from app.client import Client
 from app.config import Config, parse_config
 from app.container import Container
-from app.slot_probe import HttpSlotProbe
 from domain.gate import SlotGate
 
 THREADS = 8

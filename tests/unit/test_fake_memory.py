@@ -22,7 +22,7 @@ from adapters.fake_server import (
     silence,
     sse_reply,
 )
-from app.fetch import read_all
+from app._sync.fetch import read_all
 from domain.errors import ConnectError, ProtocolError, Stalled, StreamClosedEarly
 from ports import Clock, Exchange, SlotProbe, SlotState, Transport
 from ports.transport import TIMED_OUT, ResponseHead

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from adapters.fake_server.memory import AsyncFakeClock, FakeClock
-from app.fetch import error_body, fetch, fetch_async
+from app._async.fetch import fetch as fetch_async
+from app._sync.fetch import error_body, fetch
 from domain.bodies import FetchLimits
 from domain.errors import HttpError, Stalled
 from ports.transport import TIMED_OUT, ResponseHead, TimedOut

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from adapters.fake_server import FakeClock
+from app._sync.fetch import stop
 from app.calls import CLOSING, StopBudget
 from app.config import parse_config
 from app.container import client_limits
-from app.fetch import stop
 from ports.transport import TIMED_OUT
 
 LIMITS = client_limits(parse_config({"socket": "/s", "limits": {"liveness_ms": 5000}}))  # a 250 ms stop

@@ -1,7 +1,7 @@
 """In-memory fakes for unit tests: a clock that moves only when told, a transport that replays
 the same scripts as `FakeServer` without sockets, and a slot probe with states set by hand.
 
-`ScriptedTransport` is the real exchange (`adapters.uds_http.exchange`: h11 for the head, the
+`ScriptedTransport` is the real exchange (`adapters.uds_http._async.exchange`: h11 for the head, the
 body readers for the framing, the head's size cap) over a `ScriptedStream` instead of a socket,
 as a mock stream sits under a real HTTP connection. So every in-memory test runs the same
 parsing as production, and a script fails here exactly as it fails on a socket.
@@ -26,7 +26,10 @@ from collections.abc import Mapping
 
 from adapters.fake_server.script import End, RecordedRequest, RouteItem, Routes, RouteSpec, Script
 from adapters.fake_server.wire import RequestReader, on_wire
-from adapters.uds_http.exchange import AsyncHttpExchange, HttpExchange, Request, render_for, send, send_async
+from adapters.uds_http._async.exchange import AsyncHttpExchange
+from adapters.uds_http._async.exchange import send as send_async
+from adapters.uds_http._sync.exchange import HttpExchange, send
+from adapters.uds_http.response import Request, render_for
 from domain.errors import ConnectError
 from ports.slot_probe import SlotState
 from ports.transport import TIMED_OUT, CancelSignal, Link, TimedOut
