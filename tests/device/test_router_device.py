@@ -28,7 +28,7 @@ from test_through_proxy import QUESTION, SAMPLING, make_client, nonstream_answer
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
-from client_support import Kind
+from client_support import SYNC, Kind
 from domain.cancel import CancelToken
 from domain.errors import Cancelled, ModelNotLoaded
 from domain.events import ChatEvent, Content, ModelWait, Retrying, Waiting
@@ -259,3 +259,31 @@ def test_an_answer_an_unload_cut_is_named_for_the_unload_and_sent_again(
     assert resend, [e for e in events if isinstance(e, Retrying)]
     assert "the router unloaded the model mid-answer" in resend[0].error, resend[0]
     assert completion.finish_reason is not None
+
+
+def test_a_chat_behind_another_models_answer_waits_as_behind_not_as_a_stuck_server(
+    router_server: llama.LlamaServer, proxy: ProxyProcess, client_kind: Kind
+) -> None:
+    swap_to(router_server, llama.ROUTER_THINKING)
+    other = client_on(proxy, SYNC, llama.ROUTER_THINKING, max_tokens=300)
+    story = ChatRequest(slot=0, messages=[UserMessage(llama.LONG_STORY_PROMPT)], thinking=False)
+    started = threading.Event()
+
+    def seen(event: ChatEvent) -> None:
+        if isinstance(event, Content):
+            started.set()
+
+    running = threading.Thread(target=lambda: other.chat(story, seen))
+    running.start()
+    try:
+        assert started.wait(60), "the other model's answer began"
+        client = client_on(proxy, client_kind, llama.ROUTER_TOOLS)
+        events: list[Any] = []
+        completion = client.chat(ChatRequest(slot=1, messages=[UserMessage("Say hi.")]), events.append)
+    finally:
+        running.join(120)
+
+    assert completion.content
+    waits = [e for e in events if isinstance(e, Waiting)]
+    assert any(w.model is ModelWait.BEHIND for w in waits), waits
+    assert not any(w.unresponsive for w in waits), "a wait behind another model is no stuck server"
