@@ -73,6 +73,7 @@ STREAMS = 32
 def container_for(socket_path: str, total_slots: int = 1) -> Container:
     config = parse_config(
         {
+            "proxy": {"burst": 1_000_000, "rate": 1_000_000},  # no accept limit to keep on this path
             "socket": socket_path,
             "model": MODEL,
             "limits": {"poll_ms": int(TIMEOUT_S * 1000), "thinking_cap": 1 << 20},

@@ -50,6 +50,7 @@ def client_on(socket_path: str, *, predict: bool, max_tokens: int = 16) -> Clien
         "limits": {"max_tokens": max_tokens, "liveness_ms": 120_000},
         "sampling": {"temperature": 0.0, "seed": 42},
         "cache": {"predict": predict},
+        "proxy": {"burst": 10000, "rate": 10000},  # the lifted proxy's own (LIFTED)
     }
     client: Client = Container(config=parse_config(config)).client()
     return client

@@ -132,6 +132,7 @@ def synthetic_stream(events: int = 604) -> Stream:
 def client_stack(socket_path: str) -> Callable[[], Message]:
     config = parse_config(
         {
+            "proxy": {"burst": 1_000_000, "rate": 1_000_000},  # no accept limit to keep on this path
             "socket": socket_path,
             "model": MODEL,
             "limits": {"poll_ms": int(TIMEOUT_S * 1000), "thinking_cap": 1 << 20},

@@ -387,6 +387,7 @@ def clients(socket_path: str, marks: Marks, *, model: str, total_slots: int, n_c
 
     config = parse_config(
         {
+            "proxy": {"burst": 1_000_000, "rate": 1_000_000},  # no accept limit to keep on this path
             "socket": socket_path,
             "model": model,
             "limits": {"max_tokens": 4},

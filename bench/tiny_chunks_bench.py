@@ -71,7 +71,11 @@ def one_call(raw: bytes) -> float:
     clock = FakeClock()
     transport = ScriptedTransport(clock, {("POST", "/v1/chat/completions"): Raw((Piece(0.0, raw),), End.CLOSE)})
     config = parse_config(
-        {"socket": "/fake.sock", "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2}}
+        {
+            "socket": "/fake.sock",
+            "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 4096, "total_slots": 2},
+            "proxy": {"burst": 1_000_000, "rate": 1_000_000},  # no accept limit to keep on this path
+        }
     )
     container = Container(config=config)
     with container.override_providers(clock=clock, transport=transport, probe=FakeSlotProbe({0: SlotState.IDLE})):
