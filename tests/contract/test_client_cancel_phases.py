@@ -7,7 +7,7 @@ The phases `test_client_cancel` does not reach: writing a request the server doe
 callers queued when `close()` comes (none of them may send its request), and the caller's own
 `on_event` ending the call. Each test runs over both clients (`client_kind`); the ones marked
 `sync_only` build their own `AsyncClient` and run its calls as tasks on one loop, which the
-blocking bridge cannot. Limits are 50-200 ms; latency is measured from `cancel()` (or `close()`)
+blocking bridge cannot. The limits a test names are 50-200 ms; latency is measured from `cancel()` (or `close()`)
 to the call's return.
 """
 
@@ -537,7 +537,7 @@ def test_a_cancel_while_a_failed_call_stops_its_generation_still_gives_the_slot_
     stalled = sse_reply([chunk({"content": "x"})], done=False, end=End.SILENCE)
     server.route(*CHAT, stalled, sse_reply(ANSWER))
     stopping = heard(server, "DELETE", "/v1/stream")
-    client = client_kind.client_for(server)
+    client = client_kind.client_for(server, timed=True)
     token = CancelToken()
     call = Outcome(lambda: client.chat(REQ, ignore, cancel=token))
     assert stopping.wait(3.0)
