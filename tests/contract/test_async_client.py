@@ -2,8 +2,8 @@
 events, errors and bytes, its slot gate shared with the sync client, and asyncio's own
 cancellation in every phase of a call.
 
-Limits as in `client_support` (50-200 ms). Cancellation latency is measured from `task.cancel()`
-to the task's end; the brief's promise is 100 ms.
+Limits as in `client_support` (`TIMED`, 50-200 ms, where a test is about one). Cancellation
+latency is measured from `task.cancel()` to the task's end; the brief's promise is 100 ms.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ async def test_a_server_whose_events_carry_nothing_new_ends_in_stalled(server: F
     pieces = [Piece(0.0, sse_event(chunk({"content": "Paris"}, n=1)))]
     pieces += [Piece(0.03, sse_event(chunk({}))) for _ in range(50)]
     server.route(*CHAT, Reply(200, (("Content-Type", "text/event-stream"),), pieces, end=End.SILENCE, chunked=True))
-    aio = async_client(server)
+    aio = async_client(server, timed=True)
     started = time.monotonic()
 
     with pytest.raises(Stalled, match="liveness limit 100 ms"):
@@ -579,7 +579,7 @@ async def test_leaving_a_stream_early_closes_the_connection_at_once(server: Fake
 
 async def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer) -> None:
     server.route(*CHAT, sse_reply([chunk({"reasoning_content": "x"}, n=1)], done=False, end=End.SILENCE))
-    aio = async_client(server)
+    aio = async_client(server, timed=True)
     seen: list[ChatEvent] = []
 
     with pytest.raises(Stalled, match="liveness limit"):

@@ -4,8 +4,8 @@ A call is cancelled from another thread while it is in one phase: queued at the 
 waiting for the response head (a `/slots` poll included), streaming, posting `reasoning_end`,
 or waiting to retry. Each test measures from the moment `cancel()` is called to the moment the
 call returns, and checks that the call's connections were closed (the server sees it) and that
-the slot gate is free again. Limits are 50-200 ms, so "forever" is a script that would run on
-for seconds.
+the slot gate is free again. The limits a test names are 50-200 ms; "forever" is a script that
+would run on for seconds.
 """
 
 from __future__ import annotations
@@ -372,7 +372,7 @@ def test_an_exception_inside_the_with_block_closes_the_connection(server: FakeSe
 
 def test_a_stream_raises_the_calls_error_from_the_loop(server: FakeServer, client_kind: Kind) -> None:
     server.route(*CHAT, sse_reply([chunk({"reasoning_content": "x"}, n=1)], done=False, end=End.SILENCE))
-    client = client_kind.client_for(server)
+    client = client_kind.client_for(server, timed=True)
     seen: list[ChatEvent] = []
 
     with pytest.raises(InferError, match="liveness limit"), client.stream(REQ) as s:

@@ -1,7 +1,7 @@
 """A hostile server against the real client over a Unix socket: nothing it sends can keep a call
 running without bound, make it wait past its limits, or end it outside the error table.
 
-Limits as in `client_support` (liveness 100 ms, polls 100 ms). "Forever" is a script that would
+Limits as in `client_support`'s `TIMED` (liveness 100 ms, polls 100 ms). "Forever" is a script that would
 go on for seconds; each test asserts the call ended within a few liveness periods.
 """
 
@@ -80,7 +80,7 @@ def test_events_that_carry_nothing_new_do_not_keep_a_stream_alive(
     started = time.monotonic()
 
     with pytest.raises(Stalled, match="liveness limit 100 ms"):
-        client_kind.client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < ENDS_WITHIN_S
     (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
@@ -99,7 +99,7 @@ def test_tokens_that_advance_without_text_keep_the_stream_alive(server: FakeServ
         ),
     )
 
-    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     assert (completion.content, completion.finish_reason, completion.timings.predicted_n) == (
         "Paris.",
@@ -112,7 +112,7 @@ def test_prompt_progress_that_grows_keeps_the_stream_alive(server: FakeServer, c
     batches = [chunk(ROLE, progress=(2000, 0, 100 * i)) for i in range(1, 21)]
     server.route(*CHAT, sse_reply([*batches, *ANSWER[1:]], delay_s=0.03))
 
-    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     assert completion.content == "Paris."
 
@@ -128,7 +128,7 @@ def test_tool_call_arguments_keep_the_stream_alive(server: FakeServer, client_ki
     pieces = [chunk({"tool_calls": [{"index": 0, "function": {"arguments": "x"}}]}) for _ in range(20)]
     server.route(*CHAT, sse_reply([first, *pieces, chunk(finish="tool_calls")], delay_s=0.03))
 
-    completion = client_kind.client_for(server).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     assert completion.tool_calls[0].arguments == "x" * 20
 
@@ -149,7 +149,7 @@ def test_thinking_cap_fires_when_predicted_n_is_stuck_or_absent(
     events: list[ChatEvent] = []
 
     with pytest.raises(ThinkingOverrun, match="reasoning went on to 13 tokens after reasoning_end was posted at 8"):
-        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True, thinking_cap=8, thinking_overrun=4).chat(REQ, events.append)
 
     assert events == [
         *(Reasoning(f" t{n}") for n in range(1, 9)),
@@ -170,7 +170,7 @@ def test_reasoning_paired_with_answer_text_in_every_chunk_cannot_pass_the_cap(
     events: list[ChatEvent] = []
 
     with pytest.raises(ThinkingOverrun, match="reasoning went on to 61 tokens after reasoning_end was posted at 50"):
-        client_kind.client_for(server, thinking_cap=50, thinking_overrun=10).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True, thinking_cap=50, thinking_overrun=10).chat(REQ, events.append)
 
     capped = events.index(ThinkingCapped(50))
     assert events[capped - 2 : capped] == [Reasoning(" t50"), Content("c50")]
@@ -196,7 +196,7 @@ def test_an_error_body_that_drips_is_cut_at_the_liveness_limit(server: FakeServe
     started = time.monotonic()
 
     with pytest.raises(HttpError) as caught:
-        client_kind.client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < ENDS_WITHIN_S
     assert caught.value.status == 500
@@ -213,7 +213,7 @@ def test_an_error_inside_the_stream_keeps_what_error_body_bytes_says(
     server.route(*CHAT, sse_reply([chunk(ROLE, n=0), chunk({"content": "Hi"}, n=1), event], done=False))
 
     with pytest.raises(HttpError) as caught:
-        client_kind.client_for(server, error_body_bytes=kept).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True, error_body_bytes=kept).chat(REQ, lambda event: None)
 
     assert caught.value.status == 500
     assert caught.value.body == error[:kept]
@@ -225,7 +225,7 @@ def test_a_json_answer_that_drips_is_stalled_at_the_liveness_limit(server: FakeS
     started = time.monotonic()
 
     with pytest.raises(Stalled):
-        client_kind.client_for(server).props()
+        client_kind.client_for(server, timed=True).props()
 
     assert time.monotonic() - started < ENDS_WITHIN_S
 
@@ -236,7 +236,7 @@ def test_informational_responses_that_never_end_are_a_protocol_error_at_the_head
 ) -> None:
     flood = Raw([Piece(0.0, b"HTTP/1.1 100 Continue\r\n\r\n" * 4000)], End.SILENCE)  # 100 KB, no head
     server.route(*route, flood)
-    client = client_kind.client_for(server)
+    client = client_kind.client_for(server, timed=True)
     started = time.monotonic()
 
     with pytest.raises(
@@ -256,7 +256,7 @@ def test_the_final_chunk_returns_the_answer_at_once_even_if_silence_follows(
     server.route(*CHAT, sse_reply(ANSWER, done=False, end=End.SILENCE))
     started = time.monotonic()
 
-    completion = client_kind.client_for(server, liveness_ms=200).chat(REQ, lambda event: None)
+    completion = client_kind.client_for(server, timed=True, liveness_ms=200).chat(REQ, lambda event: None)
 
     assert time.monotonic() - started < 0.1, "no wait for [DONE] or for the liveness limit"
     assert completion == ANSWER_COMPLETION
@@ -269,7 +269,7 @@ def test_nothing_after_the_final_chunk_changes_the_answer(server: FakeServer, cl
     server.route(*CHAT, sse_reply([*ANSWER, *after]))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert completion == ANSWER_COMPLETION
     assert Content(" And more.") not in events
@@ -280,7 +280,7 @@ def test_an_answer_past_answer_bytes_is_a_protocol_error(server: FakeServer, cli
     server.route(*CHAT, sse_reply([*pieces, chunk(finish="stop", n=50)]))
 
     with pytest.raises(ProtocolError, match="past the 4096-byte limit \\(answer_bytes\\)"):
-        client_kind.client_for(server, answer_bytes=4096).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True, answer_bytes=4096).chat(REQ, lambda event: None)
 
     (stream,) = [r for r in server.requests if (r.method, r.path) == CHAT]
     assert stream.client_closed.wait(2.0)
@@ -292,7 +292,7 @@ def test_reasoning_and_tool_arguments_count_toward_answer_bytes(server: FakeServ
     server.route(*CHAT, sse_reply([*reasoning, call, chunk(finish="tool_calls", n=3)]))
 
     with pytest.raises(ProtocolError, match="answer_bytes"):
-        client_kind.client_for(server, answer_bytes=4096).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True, answer_bytes=4096).chat(REQ, lambda event: None)
 
 
 # -- only errors from the table ------------------------------------------------------------------
@@ -301,7 +301,9 @@ def test_reasoning_and_tool_arguments_count_toward_answer_bytes(server: FakeServ
 def test_a_request_that_must_not_be_sent_is_an_infer_error(server: FakeServer, client_kind: Kind) -> None:
     # Callers catch InferError only: a bad request is one too, and nothing is sent.
     with pytest.raises(InferError, match="slot 7 is outside the server's 2 slots") as caught:
-        client_kind.client_for(server).chat(ChatRequest(slot=7, messages=(UserMessage("hi"),)), lambda event: None)
+        client_kind.client_for(server, timed=True).chat(
+            ChatRequest(slot=7, messages=(UserMessage("hi"),)), lambda event: None
+        )
 
     assert isinstance(caught.value, RequestError)
     assert server.requests == []
@@ -309,9 +311,11 @@ def test_a_request_that_must_not_be_sent_is_an_infer_error(server: FakeServer, c
 
 def test_text_that_is_not_unicode_is_a_request_error(server: FakeServer, client_kind: Kind) -> None:
     with pytest.raises(RequestError, match="not valid Unicode"):
-        client_kind.client_for(server).chat(ChatRequest(slot=0, messages=(UserMessage("\ud800"),)), lambda event: None)
+        client_kind.client_for(server, timed=True).chat(
+            ChatRequest(slot=0, messages=(UserMessage("\ud800"),)), lambda event: None
+        )
     with pytest.raises(RequestError, match="not valid Unicode"):
-        client_kind.client_for(server).tokenize("\udfff")
+        client_kind.client_for(server, timed=True).tokenize("\udfff")
 
     assert server.requests == []
 
@@ -326,7 +330,7 @@ def test_a_control_answer_that_is_not_json_is_a_refusal(server: FakeServer, clie
     server.route(*CONTROL, control)
 
     with pytest.raises(ThinkingOverrun, match="not accepted: the server answered non-JSON"):
-        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True, thinking_cap=8, thinking_overrun=4).chat(REQ, lambda event: None)
 
 
 # -- values nested a thousand deep (orjson reads them; Python's repr of them fails) ---------------
@@ -338,7 +342,7 @@ def test_a_chunk_with_a_value_nested_a_thousand_deep_is_a_protocol_error(server:
     deep = b'data: {"choices":[],"prompt_progress":{"total":' + DEEP + b',"cache":0,"processed":0}}\n\n'
     server.route(*CHAT, sse_reply([chunk(ROLE), deep]))
     with pytest.raises(ProtocolError, match=r"prompt_progress\.total is \[\[\["):
-        client_kind.client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
 
 def test_an_answer_with_a_value_nested_a_thousand_deep_is_a_protocol_error(
@@ -348,7 +352,7 @@ def test_an_answer_with_a_value_nested_a_thousand_deep_is_a_protocol_error(
         *PROPS, Reply(200, (("Content-Type", "application/json"),), [Piece(0.0, b'{"chat_template":' + DEEP + b"}")])
     )
     with pytest.raises(ProtocolError, match=r"chat_template is \[\[\["):
-        client_kind.client_for(server).props()
+        client_kind.client_for(server, timed=True).props()
 
 
 def test_text_alone_cannot_keep_a_call_alive_past_the_tokens_it_asked_for(
@@ -360,5 +364,5 @@ def test_text_alone_cannot_keep_a_call_alive_past_the_tokens_it_asked_for(
     server.route(*CHAT, Reply(200, (("Content-Type", "text/event-stream"),), drip, end=End.SILENCE, chunked=True))
     started = time.monotonic()
     with pytest.raises(ProtocolError, match=r"grew in 25 chunks, more than max_tokens=2 allows"):
-        client_kind.client_for(server, max_tokens=2).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True, max_tokens=2).chat(REQ, lambda event: None)
     assert time.monotonic() - started < 25 * 0.03 + ENDS_WITHIN_S

@@ -55,7 +55,7 @@ def everything_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 def run(client_kind: Kind, server: FakeServer, req: ChatRequest = REQ, **limits: Any) -> object:
-    client = client_kind.client_for(server, **limits)
+    client = client_kind.client_for(server, timed=True, **limits)  # the scenarios end by their limits
     try:
         return client.chat_with_retry(req, lambda event: None)
     except InferError as exc:
@@ -71,7 +71,7 @@ def test_a_whole_answer_with_polls_a_capped_thought_and_the_cache_logs_no_text(
     server.route(*CHAT, sse_reply(ANSWER, head_delay_s=0.15), sse_reply(ANSWER))
     accepted = json_reply({"success": True, "note": MARKER})
     server.route(*CONTROL, accepted, accepted, json_reply({"success": False, "why": MARKER}))
-    client = client_kind.client_for(server, thinking_cap=1, thinking_overrun=100, busy_wait_ms=2000)
+    client = client_kind.client_for(server, thinking_cap=1, thinking_overrun=100, busy_wait_ms=2000, poll_ms=100)
     with everything_logged(caplog):
         for _ in range(2):
             client.chat(REQ, lambda event: None)
@@ -155,7 +155,7 @@ def test_queued_calls_log_no_text(server: FakeServer, caplog: pytest.LogCaptureF
     release = threading.Event()
     server.route(*CHAT, sse_reply(ANSWER, head_delay_s=0.2), sse_reply(ANSWER))
     server.route(*SLOTS, json_reply([{"id": 0, "is_processing": True}]))
-    client = client_kind.client_for(server, busy_wait_ms=3000, liveness_ms=2000)
+    client = client_kind.client_for(server, busy_wait_ms=3000, liveness_ms=2000, poll_ms=100)
     outcomes: list[object] = []
 
     def call() -> None:

@@ -67,7 +67,7 @@ def test_a_failed_probe_is_a_warning_with_its_reason(
     server.route(*SLOTS, json_reply({"error": {"code": 503, "message": "Loading model"}}, 503))
 
     with caplog.at_level(logging.WARNING, logger="inferpath"), pytest.raises(LoadTimeout):
-        client_kind.client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     probes = [r for r in caplog.records if r.name == "inferpath.probe"]
     assert probes, texts(caplog)

@@ -165,7 +165,7 @@ def test_a_stalled_stream_is_retried(server: FakeServer, client_kind: Kind) -> N
     server.route(*CHAT, sse_reply(ANSWER[:2], done=False, end=End.SILENCE), sse_reply(ANSWER))
     events: list[ChatEvent] = []
 
-    assert client_kind.client_for(server).chat_with_retry(REQ, events.append) == ANSWER_COMPLETION
+    assert client_kind.client_for(server, timed=True).chat_with_retry(REQ, events.append) == ANSWER_COMPLETION
 
     names = ["Progress", "Content", "Retrying", "Retrying", "Progress", "Content", "Content"]
     assert [type(e).__name__ for e in events] == names
@@ -182,7 +182,7 @@ def test_wait_timeout_has_already_waited_and_is_not_retried(server: FakeServer, 
     events: list[ChatEvent] = []
 
     with pytest.raises(WaitTimeout):
-        client_kind.client_for(server).chat_with_retry(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat_with_retry(REQ, events.append)
 
     assert all(not isinstance(e, Retrying) for e in events)
     assert len(recorded(server, CHAT)) == 1
@@ -487,7 +487,9 @@ def test_a_control_call_left_unanswered_is_thinking_overrun_within_the_liveness_
     started = time.monotonic()
 
     with pytest.raises(ThinkingOverrun, match="not accepted: Stalled: POST /v1/chat/completions/control"):
-        client_kind.client_for(server, thinking_cap=8, thinking_overrun=4, load_wait_ms=200).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True, thinking_cap=8, thinking_overrun=4, load_wait_ms=200).chat(
+            REQ, events.append
+        )
 
     assert time.monotonic() - started < 2.0
     assert events == [Reasoning(f" t{n}") for n in range(1, 9)]

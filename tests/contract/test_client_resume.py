@@ -278,7 +278,7 @@ def test_a_stream_silent_past_the_liveness_limit_is_picked_up_too(server: FakeSe
     ring = served(server, ReplayRing(LONG, cut_after=2048, cut=End.SILENCE))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert completion.content == LONG_TEXT
     (retrying,) = [e for e in events if isinstance(e, Retrying)]
@@ -324,7 +324,7 @@ def test_a_request_queued_on_the_server_is_stopped_when_the_call_ends_before_its
     conversations: list[str] = []
 
     with pytest.raises(Exception):  # noqa: B017 - WaitTimeout, whichever the budget
-        client_kind.client_for(server).chat(REQ, lambda event: None)
+        client_kind.client_for(server, timed=True).chat(REQ, lambda event: None)
 
     conversations = [r.header("x-conversation-id") or "" for r in recorded(server, CHAT)]
     assert ring.stopped == conversations

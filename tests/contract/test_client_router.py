@@ -73,8 +73,11 @@ def test_a_chat_has_the_model_loaded_first_and_says_so_while_it_loads(server: Fa
 
     assert completion.content == "Paris."
     waits = [e for e in events if isinstance(e, Waiting)]
-    assert waits, "a load of 300 ms is seen by polls every 50 ms"
-    assert all(w == Waiting(slot_busy=False, model=ModelWait.LOADING) for w in waits), waits
+    seen_loading = sum(1 for w in waits if w.model is ModelWait.LOADING)
+    assert seen_loading, "a load of 300 ms is seen by polls every 50 ms"
+    assert waits[:seen_loading] == [Waiting(slot_busy=False, model=ModelWait.LOADING)] * seen_loading, waits
+    # A slow machine may poll once more between the load's end and the head: the slot idle then.
+    assert waits[seen_loading:] == [Waiting(slot_busy=False)] * (len(waits) - seen_loading), waits
     assert llama.loads == 1
     loading = [t for t in targets(server) if "autoload=false" not in t and t.startswith("GET /props")]
     assert loading == ["GET /props?model=default"], "one request loads it, the rest never do"

@@ -40,7 +40,7 @@ def test_a_server_that_answers_nothing_is_a_load_timeout_that_says_unresponsive(
     started = time.monotonic()
 
     with caplog.at_level(logging.WARNING, logger="inferpath.probe"), pytest.raises(LoadTimeout) as caught:
-        client_kind.client_for(server, load_wait_ms=250).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True, load_wait_ms=250).chat(REQ, events.append)
 
     elapsed = time.monotonic() - started
     assert events == [Waiting(slot_busy=False, unresponsive=True)] * 3
@@ -68,7 +68,7 @@ def test_a_server_that_says_it_is_loading_is_not_called_unresponsive(
     events: list[ChatEvent] = []
 
     with caplog.at_level(logging.WARNING, logger="inferpath.probe"), pytest.raises(LoadTimeout) as caught:
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=False, unresponsive=False, model=ModelWait.LOADING)] * 2
     assert "the model was loading for" in str(caught.value)

@@ -85,7 +85,7 @@ def test_busy_slot_emits_waiting_busy_per_poll_then_the_answer_completes(server:
     answer_after_polls(server, 2, slots_reply([True, False]), sse_reply(ANSWER))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server, poll_ms=50, busy_wait_ms=200).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True, poll_ms=50, busy_wait_ms=200).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=True), Waiting(slot_busy=True), *ANSWER_EVENTS]
     assert completion == ANSWER_COMPLETION
@@ -102,7 +102,7 @@ def test_slot_busy_past_busy_wait_is_wait_timeout_and_the_request_is_dropped(
     started = time.monotonic()
 
     with pytest.raises(WaitTimeout, match="slot 0 stayed busy"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     # Polls at 100 and 200 ms: the second reaches the 150 ms budget.
     assert events == [Waiting(slot_busy=True)] * 2
@@ -124,7 +124,7 @@ def test_slots_unavailable_past_load_wait_is_load_timeout(
     server: FakeServer, tmp_path: Any, how: str, client_kind: Kind
 ) -> None:
     server.route(*CHAT, silence())
-    config = config_for(server.socket_path)
+    config = config_for(server.socket_path, timed=True)
     refusing: socket.socket | None = None
     overrides: dict[str, Any] = {}
     if how == "refused":
@@ -152,7 +152,7 @@ def test_slots_503_while_loading_then_the_server_answers_completes(server: FakeS
     answer_after_polls(server, 2, loading(), sse_reply(ANSWER))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server, poll_ms=50, load_wait_ms=200).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True, poll_ms=50, load_wait_ms=200).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=False, model=ModelWait.LOADING)] * 2 + ANSWER_EVENTS
     assert completion == ANSWER_COMPLETION
@@ -164,7 +164,7 @@ def test_idle_slot_and_no_byte_past_idle_grace_is_stalled(server: FakeServer, cl
     events: list[ChatEvent] = []
 
     with pytest.raises(Stalled, match="slot 0 was idle with no answer"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=False)] * 2
     (request,) = recorded(server, CHAT)
@@ -179,7 +179,7 @@ def test_a_slot_that_flips_between_busy_and_idle_cannot_wait_forever(server: Fak
     events: list[ChatEvent] = []
 
     with pytest.raises(WaitTimeout):
-        client_kind.client_for(server, idle_grace_ms=200, busy_wait_ms=150).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True, idle_grace_ms=200, busy_wait_ms=150).chat(REQ, events.append)
 
     # busy, idle, busy: the second busy poll brings the busy time to 200 ms; the idle poll
     # between them neither resets it nor reaches the 200 ms idle grace.
@@ -200,7 +200,7 @@ def test_only_keep_alive_comments_past_liveness_is_stalled(server: FakeServer, f
     started = time.monotonic()
 
     with pytest.raises(Stalled, match=r"no data for \d+ ms \(liveness limit 100 ms\)"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     elapsed = time.monotonic() - started
     # The stall is a break to pick up: one re-attach (refused here: no replay), then the error.
@@ -224,7 +224,7 @@ def test_silence_after_the_first_event_is_stalled(server: FakeServer, client_kin
     started = time.monotonic()
 
     with pytest.raises(Stalled, match="liveness limit 100 ms"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     # One re-attach after the stall (refused here: no replay), after the 50 ms retry wait.
     content, retrying = events
@@ -245,7 +245,7 @@ def test_progress_events_alone_keep_a_long_prompt_alive_past_liveness(server: Fa
     events: list[ChatEvent] = []
     started = time.monotonic()
 
-    completion = client_kind.client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert time.monotonic() - started >= 0.4
     assert events == [*(Progress(4096, 0, 256 * i) for i in range(16)), Content("Done")]
@@ -258,7 +258,7 @@ def test_reasoning_deltas_keep_the_stream_alive_too(server: FakeServer, client_k
     server.route(*CHAT, sse_reply([*pieces, chunk({"content": "ok"}, n=6), chunk(finish="stop", n=6)], delay_s=0.03))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == [*(Reasoning(f" r{i}") for i in range(1, 6)), Content("ok")]
     assert completion.reasoning_content == " r1 r2 r3 r4 r5"
@@ -273,7 +273,7 @@ def test_a_cut_connection_mid_stream_is_stream_closed_early(server: FakeServer, 
     events: list[ChatEvent] = []
 
     with pytest.raises(StreamClosedEarly, match="connection closed"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     # The cut is one re-attach from the bytes read (refused here: no replay), then the error.
     *answered, retrying = events
@@ -294,7 +294,7 @@ def test_a_clean_close_without_finish_reason_is_stream_closed_early(server: Fake
     events: list[ChatEvent] = []
 
     with pytest.raises(StreamClosedEarly, match="no finish_reason after 3 chunks"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == ANSWER_EVENTS
 
@@ -304,7 +304,7 @@ def test_done_without_finish_reason_is_stream_closed_early(server: FakeServer, c
     events: list[ChatEvent] = []
 
     with pytest.raises(StreamClosedEarly, match="no finish_reason"):
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == ANSWER_EVENTS
 
@@ -313,7 +313,7 @@ def test_a_clean_close_after_the_final_chunk_without_done_completes(server: Fake
     server.route(*CHAT, sse_reply(ANSWER, done=False, end=End.CLOSE))
     events: list[ChatEvent] = []
 
-    assert client_kind.client_for(server).chat(REQ, events.append) == ANSWER_COMPLETION
+    assert client_kind.client_for(server, timed=True).chat(REQ, events.append) == ANSWER_COMPLETION
     assert events == ANSWER_EVENTS
 
 
@@ -322,7 +322,7 @@ def test_a_cut_after_the_final_chunk_still_completes(server: FakeServer, client_
     server.route(*CHAT, sse_reply(ANSWER, done=False, end=End.RESET))
     events: list[ChatEvent] = []
 
-    assert client_kind.client_for(server).chat(REQ, events.append) == ANSWER_COMPLETION
+    assert client_kind.client_for(server, timed=True).chat(REQ, events.append) == ANSWER_COMPLETION
     assert events == ANSWER_EVENTS
 
 
@@ -332,7 +332,7 @@ def test_an_error_event_inside_a_200_stream_is_its_http_error(server: FakeServer
     events: list[ChatEvent] = []
 
     with pytest.raises(HttpError) as caught:
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == ANSWER_EVENTS[:2]
     assert caught.value.status == 500
@@ -345,7 +345,7 @@ def test_an_old_style_error_field_inside_a_200_stream_is_its_http_error(server: 
     events: list[ChatEvent] = []
 
     with pytest.raises(HttpError) as caught:
-        client_kind.client_for(server).chat(REQ, events.append)
+        client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == [Content("Paris")]
     assert (caught.value.status, caught.value.body) == (503, text)
@@ -358,7 +358,7 @@ def test_the_head_is_awaited_only_until_it_arrives_then_liveness_rules(server: F
     server.route(*CHAT, Reply(200, (("Content-Type", "text/event-stream"),), pieces, chunked=True, head_delay_s=0.15))
     events: list[ChatEvent] = []
 
-    completion = client_kind.client_for(server).chat(REQ, events.append)
+    completion = client_kind.client_for(server, timed=True).chat(REQ, events.append)
 
     assert events == [Waiting(slot_busy=True), *ANSWER_EVENTS]
     assert completion == ANSWER_COMPLETION

@@ -25,12 +25,12 @@ def handler(*_):
     state["token"].cancel()
 signal.signal(signal.SIGALRM, handler)
 signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
-started, rounds = time.monotonic(), 0
 """
 
 SLEEPS = """
 from adapters.system import SystemClock
 clock = SystemClock()
+started, rounds = time.monotonic(), 0
 while time.monotonic() - started < 0.5:
     state["token"] = CancelToken()
     clock.sleep(0.0002, state["token"])
@@ -44,6 +44,7 @@ from backlog import full_backlog
 from domain.errors import ConnectError
 path = os.path.join(tempfile.mkdtemp(), "full.sock")
 listener, fillers = full_backlog(path)
+started, rounds = time.monotonic(), 0
 while time.monotonic() - started < 0.5:
     state["token"] = CancelToken()
     try:
