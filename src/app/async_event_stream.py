@@ -122,10 +122,7 @@ class AsyncEventStream(Facade):
             self._saw(step)
             return step
         except Cancelled as error:
-            carried = self._carrying(error)
-            if carried is error:
-                raise
-            raise carried from error.__cause__
+            self._raise_carrying(error)
 
     async def aclose(self) -> None:
         """End the call now if it has not ended (idempotent), in a task of its own that every

@@ -160,10 +160,7 @@ class EventStream(Facade):
             self._saw(step)
             return step
         except Cancelled as error:
-            carried = self._carrying(error)
-            if carried is error:
-                raise
-            raise carried from error.__cause__
+            self._raise_carrying(error)
         finally:
             lock.release()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable
+from typing import NoReturn
 
 from domain.cancel import CancelToken
 from domain.completion import Completion
@@ -109,6 +110,14 @@ class Facade:
         if not self._said and not self._thought:
             return error  # its `content` and `reasoning` are empty already
         return error.carrying(self._said.decode(), self._thought.decode())
+
+    def _raise_carrying(self, error: Cancelled) -> NoReturn:
+        """Raise `error` as it is when nothing was said, else its copy carrying the answer so far
+        (chained as the original was), for both flavours' steps."""
+        carried = self._carrying(error)
+        if carried is error:
+            raise error
+        raise carried from error.__cause__
 
     @property
     def completion(self) -> Completion:
