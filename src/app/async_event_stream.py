@@ -51,27 +51,15 @@ class AsyncEventStream(Facade):
         return _Loop(self)
 
     async def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
-        """Every event to `on_event`, then the completion: `chat`'s loop, with no loop object
-        of its own on the way to each event. Left by an exception, it closes the call."""
-        if self._looping:
-            raise OneReader()
-        self._looping += 1
-        task = asyncio.current_task()  # a coroutine runs in one task: looked up once
-        refused = False
+        """Every event to `on_event`, then the completion: `chat`'s loop. Left by an exception,
+        it has closed the call when it returns (awaited, not left to the loop's next turn)."""
+        loop = _Loop(self)
         try:
-            while True:
-                try:
-                    event = await self._next(task)
-                except StopAsyncIteration:
-                    return self.completion
-                except OneReader:
-                    refused = True
-                    raise
+            async for event in loop:
                 emit(on_event, event)
         finally:
-            self._looping -= 1
-            if not refused:  # as the blocking flavour's: a refused loop ends nothing
-                await self._end()
+            await loop.finish()
+        return self.completion
 
     def __anext__(self) -> Coroutine[Any, Any, ChatEvent]:
         return self._next(None)
@@ -208,11 +196,12 @@ class _Loop:
     stream ended (a `break`, an exception), it ends the call, as the blocking flavour's loop does;
     dropped before it asked for a step, it ends nothing, as a generator never started."""
 
-    __slots__ = ("_asked", "_refused", "_stream")
+    __slots__ = ("_asked", "_done", "_refused", "_stream")
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
         self._asked = False  # a loop dropped before it asked for a step ends nothing (as a generator)
+        self._done = False  # finished by `run`, which awaited the end
         self._refused = stream._looping > 0  # a second loop: it touches nothing
         if not self._refused:
             stream._looping += 1
@@ -226,8 +215,17 @@ class _Loop:
         self._asked = True
         return self._stream._next(None, self)
 
+    async def finish(self) -> None:
+        """The loop is over (`run`'s): counted out, and the call ended, awaited; then its
+        `__del__` does nothing."""
+        if self._refused or self._done:
+            return
+        self._done = True
+        self._stream._looping -= 1
+        await self._stream._end()  # ended already at the completion; another task's step: nothing
+
     def __del__(self) -> None:
-        if self._refused:
+        if self._refused or self._done:
             return
         if not self._asked:
             self._stream._looping -= 1

@@ -34,8 +34,9 @@ The asyncio flavour is `app.async_event_stream`'s; what both share, `app.stream_
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from types import TracebackType
 
 from app.async_event_stream import AsyncEventStream
@@ -84,7 +85,7 @@ class EventStream(Facade):
     ) -> None:
         self.close()
 
-    def __iter__(self) -> Iterator[ChatEvent]:
+    def __iter__(self) -> Generator[ChatEvent, None, None]:
         """The events; leaving the loop early (`break`) closes the call at once."""
         if self._looping:
             raise OneReader()
@@ -106,27 +107,12 @@ class EventStream(Facade):
                 self._end_here()
 
     def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
-        """Every event to `on_event`, then the completion: `chat`'s loop, with no generator of
-        its own on the way to each event. Left by an exception, it closes the call at once."""
-        if self._looping:
-            raise OneReader()
-        self._looping += 1
-        refused = False
-        me = threading.get_ident()  # a loop in one thread: looked up once
-        try:
-            while True:
-                try:
-                    event = self._next(me)
-                except StopIteration:
-                    return self.completion
-                except OneReader:
-                    refused = True
-                    raise
+        """Every event to `on_event`, then the completion: `chat`'s loop. Left by an exception,
+        it closes the call at once (the loop's `finally`, not the collector's)."""
+        with contextlib.closing(iter(self)) as events:
+            for event in events:
                 emit(on_event, event)
-        finally:
-            self._looping -= 1
-            if not refused:
-                self._end_here()
+        return self.completion
 
     def __next__(self) -> ChatEvent:
         return self._next(threading.get_ident())
