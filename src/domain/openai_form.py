@@ -13,8 +13,9 @@ Invariants:
   has no field for (a user's `name`, a tool's `strict`) is refused, not dropped, and so is a
   tool without a `description` or `parameters` (`ToolSchema` holds both).
 - A malformed dict is a `ValueError` naming its index and key (`messages[3].role: unknown role
-  'bot'`), never a `KeyError`; a value of the wrong kind handed to `to_openai` is a `TypeError`
-  naming its place (`messages[2].content: must be a str, not int`).
+  'bot'`), never a `KeyError`; a message `to_openai` is handed that no request could send is the
+  `RequestError` (a `ValueError`) `chat` would raise, in its words (`messages[2].content must be
+  a string, not int`).
 - What is written shares nothing with what it was read from: either side may change after.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from domain import request
 from domain.errors import RequestError, shown
 from domain.json_check import json_tree
 from domain.messages import (
@@ -50,64 +52,16 @@ _KEYS: dict[str, tuple[str, ...]] = {
 # -- to the dicts -----------------------------------------------------------------------------
 
 
-def _str(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: must be a str, not {type(value).__name__}")
-    return value
-
-
-def _sequence(value: object, where: str, what: str) -> Sequence[Any]:
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
-        return value
-    raise TypeError(f"{where}: must be a list or tuple of {what}, not {type(value).__name__}")
-
-
-def _call_to(call: object, where: str) -> dict[str, Any]:
-    if not isinstance(call, ToolCall):
-        raise TypeError(f"{where}: must be a ToolCall, not {type(call).__name__}")
-    function = {"name": _str(call.name, f"{where}.name"), "arguments": _str(call.arguments, f"{where}.arguments")}
-    return {"id": _str(call.id, f"{where}.id"), "type": "function", "function": function}
-
-
-def _message_to(message: object, where: str) -> dict[str, Any]:
-    if isinstance(message, SystemMessage | UserMessage):
-        role = "system" if isinstance(message, SystemMessage) else "user"
-        return {"role": role, "content": _str(message.content, f"{where}.content")}
-    if isinstance(message, ToolMessage):
-        call_id = _str(message.tool_call_id, f"{where}.tool_call_id")
-        return {"role": "tool", "tool_call_id": call_id, "content": _str(message.content, f"{where}.content")}
-    if not isinstance(message, AssistantMessage):
-        raise TypeError(f"{where}: must be one of the four message kinds, not {type(message).__name__}")
-    content = None if message.content is None else _str(message.content, f"{where}.content")
-    out: dict[str, Any] = {"role": "assistant", "content": content}
-    if message.reasoning_content is not None:
-        out["reasoning_content"] = _str(message.reasoning_content, f"{where}.reasoning_content")
-    calls = _sequence(message.tool_calls, f"{where}.tool_calls", "ToolCalls")
-    if calls:
-        out["tool_calls"] = [_call_to(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]
-    return out
-
-
 def to_openai(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """`messages` as OpenAI-style dicts, each as the request body renders it."""
-    listed = _sequence(messages, "messages", "messages")
-    return [_message_to(message, f"messages[{i}]") for i, message in enumerate(listed)]
+    """`messages` as OpenAI-style dicts, each as the request body renders it (by the very code)."""
+    listed = request.listed(messages, "messages", "messages")
+    return [request.message_dict(message, index) for index, message in enumerate(listed)]
 
 
 def tools_to_openai(tools: Sequence[ToolSchema]) -> list[dict[str, Any]]:
     """`tools` as OpenAI-style dicts, each as the request body renders it (`parameters` a copy)."""
-    out = []
-    for index, tool in enumerate(_sequence(tools, "tools", "ToolSchemas")):
-        where = f"tools[{index}]"
-        if not isinstance(tool, ToolSchema):
-            raise TypeError(f"{where}: must be a ToolSchema, not {type(tool).__name__}")
-        function = {
-            "name": _str(tool.name, f"{where}.name"),
-            "description": _str(tool.description, f"{where}.description"),
-            "parameters": _json_object(tool.parameters, f"{where}.parameters", TypeError),
-        }
-        out.append({"type": "function", "function": function})
-    return out
+    listed = request.listed(tools, "tools", "ToolSchemas")
+    return [request.tool_dict(tool, index) for index, tool in enumerate(listed)]
 
 
 def _json_object(value: object, where: str, kind: type[Exception]) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def _content(value: object, index: int) -> str:  # `_text`, the where said only 
     return value if type(value) is str else _text(value, f"messages[{index}].content")  # type: ignore[return-value]
 
 
-def _listed(value: Any, where: str, what: str) -> Sequence[Any]:
+def listed(value: Any, where: str, what: str) -> Sequence[Any]:
     """`value` if it is a sequence (a tuple or a list, most often), not a string; else `RequestError`."""
     if type(value) is tuple or type(value) is list:
         return value
@@ -86,7 +86,7 @@ def _tool_call(call: object, where: str) -> dict[str, Any]:
     }
 
 
-def _message(message: object, index: int) -> dict[str, Any]:
+def message_dict(message: object, index: int) -> dict[str, Any]:
     if isinstance(message, SystemMessage):
         return {"role": "system", "content": _content(message.content, index)}
     if isinstance(message, UserMessage):
@@ -99,7 +99,7 @@ def _message(message: object, index: int) -> dict[str, Any]:
         }
         if message.reasoning_content is not None:
             out["reasoning_content"] = _text(message.reasoning_content, f"{where}.reasoning_content")
-        calls = _listed(message.tool_calls, f"{where}.tool_calls", "ToolCalls")
+        calls = listed(message.tool_calls, f"{where}.tool_calls", "ToolCalls")
         if calls:
             out["tool_calls"] = [_tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]
         return out
@@ -112,7 +112,7 @@ def _message(message: object, index: int) -> dict[str, Any]:
     raise RequestError(f"{where} is a {type(message).__name__}, not one of the four message kinds")
 
 
-def _tool(tool: object, index: int) -> dict[str, Any]:
+def tool_dict(tool: object, index: int) -> dict[str, Any]:
     where = f"tools[{index}]"
     if not isinstance(tool, ToolSchema):
         raise RequestError(f"{where} must be a ToolSchema, not {type(tool).__name__}")
@@ -148,8 +148,8 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     if not isinstance(req, ChatRequest):
         raise RequestError(f"the request must be a ChatRequest, not {type(req).__name__}")
     slot = check_slot(req.slot, total_slots)
-    messages = _listed(req.messages, "messages", "messages")
-    tools = _listed(req.tools, "tools", "ToolSchemas")
+    messages = listed(req.messages, "messages", "messages")
+    tools = listed(req.tools, "tools", "ToolSchemas")
     if not messages:
         raise RequestError("a request needs at least one message")
     if req.tool_choice not in TOOL_CHOICES:
@@ -164,12 +164,12 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
         raise RequestError('response_format cannot be combined with tool_choice "required": the answer is held to it')
     prefill = checked_prefill(req.prefill, thinking=req.thinking, last=messages[-1])
 
-    rendered = [_message(m, i) for i, m in enumerate(messages)]
+    rendered = [message_dict(m, i) for i, m in enumerate(messages)]
     if prefill is not None:
         rendered.append({"role": "assistant", "content": prefill})
     body: dict[str, Any] = {"model": settings.model, "messages": rendered}
     if tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
+        body["tools"] = [tool_dict(t, i) for i, t in enumerate(tools)]
         body["tool_choice"] = req.tool_choice
     elif req.tool_choice == "required":
         raise RequestError('tool_choice "required" needs at least one tool')

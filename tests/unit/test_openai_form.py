@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from domain.errors import RequestError
 from domain.messages import (
     AssistantMessage,
     ChatMessage,
@@ -270,23 +271,26 @@ def test_whatever_tool_dicts_come_in_the_answer_is_tools_or_a_value_error(dicts:
 @pytest.mark.parametrize(
     ("history", "said"),
     [
-        ([UserMessage("hi"), {"role": "user"}], "messages[1]: must be one of the four message kinds, not dict"),
-        ([UserMessage(5)], "messages[0].content: must be a str, not int"),  # type: ignore[arg-type]
-        ([AssistantMessage(tool_calls=["f()"])], "messages[0].tool_calls[0]: must be a ToolCall, not str"),  # type: ignore[list-item]
-        ([AssistantMessage(tool_calls="f()")], "messages[0].tool_calls: must be a list or tuple of ToolCalls"),  # type: ignore[arg-type]
-        ([ToolMessage(None, "12:00")], "messages[0].tool_call_id: must be a str, not NoneType"),  # type: ignore[arg-type]
+        ([UserMessage("hi"), {"role": "user"}], "messages[1] is a dict, not one of the four message kinds"),
+        ([UserMessage(5)], "messages[0].content must be a string, not int"),  # type: ignore[arg-type]
+        ([AssistantMessage(tool_calls=["f()"])], "messages[0].tool_calls[0] must be a ToolCall, not str"),  # type: ignore[list-item]
+        ([AssistantMessage(tool_calls="f()")], "messages[0].tool_calls must be a tuple or list of ToolCalls"),  # type: ignore[arg-type]
+        ([ToolMessage(None, "12:00")], "messages[0].tool_call_id must be a string, not NoneType"),  # type: ignore[arg-type]
     ],
 )
-def test_a_message_that_cannot_be_written_is_a_type_error_naming_its_place(history: Any, said: str) -> None:
-    with pytest.raises(TypeError) as caught:
+def test_a_message_no_request_could_send_is_the_request_error_chat_raises(history: Any, said: str) -> None:
+    with pytest.raises(RequestError) as caught:
         to_openai(history)
     assert str(caught.value).startswith(said)
+    with pytest.raises(RequestError) as sent:  # the same words as the request's own
+        build_chat_body(ChatRequest(0, history), SETTINGS, total_slots=None)
+    assert str(sent.value) == str(caught.value)
 
 
 def test_a_tool_that_cannot_be_written_is_an_error_naming_its_place() -> None:
-    with pytest.raises(TypeError, match=r"^tools\[0\]: must be a ToolSchema, not dict$"):
+    with pytest.raises(RequestError, match=r"^tools\[0\] must be a ToolSchema, not dict$"):
         tools_to_openai([GOOD_TOOL])  # type: ignore[list-item]
-    with pytest.raises(TypeError, match=r"^tools\[0\]\.parameters: must be a JSON Schema object \(a dict\), not list$"):
+    with pytest.raises(RequestError, match=r"^tools\[0\]\.parameters must be a JSON Schema object \(a dict\)"):
         tools_to_openai([ToolSchema("f", "d", [])])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^tools\[0\]\.parameters has a key that is not a string: 1$"):
         tools_to_openai([ToolSchema("f", "d", {1: "x"})])  # type: ignore[dict-item]
