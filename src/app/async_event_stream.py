@@ -43,7 +43,10 @@ class AsyncEventStream(Facade):
         return self
 
     async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         await self.aclose()
 
@@ -122,7 +125,9 @@ class AsyncEventStream(Facade):
         link = self._link
         if self._over or self._closed_from_elsewhere(_stepping(self._steps)):
             return
-        if link is None or _running_loop() is not link.loop:  # never started, or another loop's call
+        if (
+            link is None or _running_loop() is not link.loop
+        ):  # never started, or another loop's call
             await self._end()
             return
         self._over = True
@@ -143,7 +148,9 @@ class AsyncEventStream(Facade):
         if self._link is not None:
             self._link.close()
         if self._steps is not None:
-            await self._steps.aclose()  # its `finally` closes, gives the slot back, forgets the call
+            await (
+                self._steps.aclose()
+            )  # its `finally` closes, gives the slot back, forgets the call
 
     def _end_idle(self) -> None:
         """The call's token fired while no step runs, its consumer in its own code: the call is
@@ -164,7 +171,9 @@ class AsyncEventStream(Facade):
         if self._link is None:  # never started: nothing to close
             return
         loop = self._link.loop
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the generator's finalizer ends it
+        with contextlib.suppress(
+            RuntimeError
+        ):  # the loop is closed: the generator's finalizer ends it
             if _running_loop() is loop:
                 self._close_later()
             else:  # dropped in another thread (a collected cycle): scheduled on the call's loop
@@ -200,7 +209,9 @@ class _Loop:
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
-        self._asked = False  # a loop dropped before it asked for a step ends nothing (as a generator)
+        self._asked = (
+            False  # a loop dropped before it asked for a step ends nothing (as a generator)
+        )
         self._done = False  # finished by `run`, which awaited the end
         self._refused = stream._looping > 0  # a second loop: it touches nothing
         if not self._refused:

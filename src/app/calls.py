@@ -71,7 +71,9 @@ class StopBudget:
 
 
 # The budget of the close under way in this thread (or the task its wake-ups scheduled), if any.
-CLOSING: contextvars.ContextVar[StopBudget | None] = contextvars.ContextVar("inferpath_closing", default=None)
+CLOSING: contextvars.ContextVar[StopBudget | None] = contextvars.ContextVar(
+    "inferpath_closing", default=None
+)
 
 
 class _Registry:
@@ -117,7 +119,9 @@ class _Registry:
         closing = CLOSING.set(budget)
         try:
             cancel_all(tokens, ClientClosed("the client was closed while the call ran"))
-            for end in budget.later:  # after every wake-up: no call waiting inside I/O waits for them
+            for (
+                end
+            ) in budget.later:  # after every wake-up: no call waiting inside I/O waits for them
                 with contextlib.suppress(Exception):
                     end()
         finally:
@@ -228,7 +232,9 @@ class AsyncUncut:
     (it awaits those it cancelled, this one among them, before it closes)."""
 
     @staticmethod
-    async def run(step: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def run(
+        step: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         task = asyncio.ensure_future(step(*args, **kwargs))
         cancelled: asyncio.CancelledError | None = None
         again = True
@@ -264,7 +270,9 @@ class AsyncInner:
 
     @staticmethod
     async def close(steps: AsyncGenerator[Any, None]) -> None:
-        if steps.ag_running or getattr(asyncio.get_running_loop(), "_asyncgens_shutdown_called", False):  # type: ignore[attr-defined]
+        if steps.ag_running or getattr(
+            asyncio.get_running_loop(), "_asyncgens_shutdown_called", False
+        ):  # type: ignore[attr-defined]
             return
         await steps.aclose()
 

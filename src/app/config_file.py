@@ -101,7 +101,9 @@ def _read_file(path: Path) -> bytes:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > CONFIG_FILE_BYTES:
-        raise ConfigError(f"{path}: config file is over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)")
+        raise ConfigError(
+            f"{path}: config file is over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)"
+        )
     return data
 
 
@@ -109,7 +111,8 @@ def _read_file(path: Path) -> bytes:
 # than MAX_KEY_PARTS dotted parts (bare, "basic" or 'literal' ones).
 _KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
 _LONG_KEY = re.compile(
-    r"(?:^|[{,])[ \t]*\[*[ \t]*(?:" + _KEY_PART + r"[ \t]*\.[ \t]*){" + str(MAX_KEY_PARTS) + "}", re.MULTILINE
+    r"(?:^|[{,])[ \t]*\[*[ \t]*(?:" + _KEY_PART + r"[ \t]*\.[ \t]*){" + str(MAX_KEY_PARTS) + "}",
+    re.MULTILINE,
 )
 
 
@@ -117,4 +120,6 @@ def _check_key_parts(path: Path, text: str) -> None:
     found = _LONG_KEY.search(text)
     if found is not None:
         line = text.count("\n", 0, found.start()) + 1  # the match starts on its key's line
-        raise ConfigError(f"{path}: invalid TOML: line {line}: a key of more than {MAX_KEY_PARTS} dotted parts")
+        raise ConfigError(
+            f"{path}: invalid TOML: line {line}: a key of more than {MAX_KEY_PARTS} dotted parts"
+        )

@@ -41,7 +41,16 @@ from types import TracebackType
 
 from app.async_event_stream import AsyncEventStream
 from app.calls import CLOSING
-from app.stream_facade import CLOSED_WHILE_READ, ONE_READER, Facade, OneReader, Step, check_sink, emit, weakly
+from app.stream_facade import (
+    CLOSED_WHILE_READ,
+    ONE_READER,
+    Facade,
+    OneReader,
+    Step,
+    check_sink,
+    emit,
+    weakly,
+)
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import Cancelled
@@ -81,7 +90,10 @@ class EventStream(Facade):
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         self.close()
 
@@ -187,7 +199,9 @@ class EventStream(Facade):
                 if len(ending) > 1 and wait:  # another end: awaited
                     with lock:
                         return
-                if cut is not None:  # a step in another thread (or an end): cancelled, its loop raises it
+                if (
+                    cut is not None
+                ):  # a step in another thread (or an end): cancelled, its loop raises it
                     self._token.cancel(cut)
                 return
             try:

@@ -80,7 +80,9 @@ CHECKS: list[tuple[str, Callable[[Target], CheckResult]]] = [
 def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> Report:
     """Run the three checks in order; a check that raises is a failure naming the error."""
     if config.expect is None:
-        raise ConfigError("the self-test needs an [expect] section (chat_template_sha256, n_ctx, total_slots)")
+        raise ConfigError(
+            "the self-test needs an [expect] section (chat_template_sha256, n_ctx, total_slots)"
+        )
     report = Report()
     started = time.monotonic()
     unreachable: str | None = None
@@ -97,7 +99,9 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
                 # a stopped server closes each connection before any byte), so the next checks
                 # would only wait out the same retries.
                 if isinstance(exc, ConnectError | LoadTimeout | StreamClosedEarly):
-                    cut = isinstance(exc, StreamClosedEarly)  # it answered, or a proxy did, and closed
+                    cut = isinstance(
+                        exc, StreamClosedEarly
+                    )  # it answered, or a proxy did, and closed
                     how = "cuts its connections short" if cut else "is unreachable"
                     unreachable = f"the server {how} ({type(exc).__name__})"
         report.results.append(result)
@@ -113,7 +117,9 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
 
 def selftest_config(config: Config) -> Config:
     """The config the checks run with: the same server and limits, answers capped at MAX_TOKENS."""
-    limits = config.limits.model_copy(update={"max_tokens": min(config.limits.max_tokens, MAX_TOKENS)})
+    limits = config.limits.model_copy(
+        update={"max_tokens": min(config.limits.max_tokens, MAX_TOKENS)}
+    )
     return config.model_copy(update={"limits": limits})
 
 
@@ -144,7 +150,10 @@ def print_expect(client: Client, config_path: str | None = None) -> int:
     except Exception as exc:  # one line, never a traceback
         _say_error(f"FAIL props: {one_line(describe_error(exc))}")
         return 1
-    sys.stdout.write(("\n" if config_path is not None and _ends_mid_line(config_path) else "") + expect_toml(props))
+    sys.stdout.write(
+        ("\n" if config_path is not None and _ends_mid_line(config_path) else "")
+        + expect_toml(props)
+    )
     sys.stdout.flush()
     return 0
 

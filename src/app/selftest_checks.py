@@ -157,25 +157,38 @@ def check_tool_call(target: Target) -> CheckResult:
     calls = [c for c in completion.tool_calls if c.name == TOOL.name]
     if not calls:
         names = shown([c.name for c in completion.tool_calls]) if completion.tool_calls else "none"
-        content = "no content" if completion.content is None else f"content {completion.content[:80]!r}"
+        content = (
+            "no content" if completion.content is None else f"content {completion.content[:80]!r}"
+        )
         hint = "" if completion.tool_calls else _prefill_hint(config)
         return CheckResult(
             "tool call",
             False,
-            f"no {TOOL.name} call (calls: {names}; finish_reason {completion.finish_reason.value}; {content})" + hint,
+            f"no {TOOL.name} call (calls: {names}; finish_reason {completion.finish_reason.value}; {content})"
+            + hint,
             tokens,
         )
     try:
-        args = orjson.loads(calls[0].arguments)  # JSON alone: no NaN or Infinity, as json.loads takes
+        args = orjson.loads(
+            calls[0].arguments
+        )  # JSON alone: no NaN or Infinity, as json.loads takes
     except ValueError as exc:
         return CheckResult(
-            "tool call", False, f"{TOOL.name} arguments are not JSON ({exc}): {calls[0].arguments[:80]!r}", tokens
+            "tool call",
+            False,
+            f"{TOOL.name} arguments are not JSON ({exc}): {calls[0].arguments[:80]!r}",
+            tokens,
         )
     if not isinstance(args, dict):
-        return CheckResult("tool call", False, f"{TOOL.name} arguments are not an object: {shown(args)}", tokens)
+        return CheckResult(
+            "tool call", False, f"{TOOL.name} arguments are not an object: {shown(args)}", tokens
+        )
     if completion.finish_reason is not FinishReason.TOOL_CALLS:
         return CheckResult(
-            "tool call", False, f"finish_reason {completion.finish_reason.value}, expected tool_calls", tokens
+            "tool call",
+            False,
+            f"finish_reason {completion.finish_reason.value}, expected tool_calls",
+            tokens,
         )
     return CheckResult(
         "tool call",
@@ -198,7 +211,9 @@ def one_line(text: str, most: int | None = None) -> str:
 def _prefill_hint(config: Config) -> str:
     """Where to look when the model answered without any tool call."""
     if config.selftest.tool_prefill:
-        return "; [selftest] tool_prefill is set: check that it opens a call in this template's syntax"
+        return (
+            "; [selftest] tool_prefill is set: check that it opens a call in this template's syntax"
+        )
     return (
         "; a model that does not call tools on its own needs [selftest] tool_prefill, "
         "the opening of a call in its template's syntax"
@@ -227,7 +242,9 @@ def check_cache(target: Target) -> CheckResult:
     client, loss = target.client, target.config.limits.cache_loss_tokens
     other = server_slots(target) > 1
     turn1: list[ChatMessage] = [SystemMessage(SYSTEM), UserMessage(TURN1_PROMPT)]
-    first = client.chat_with_retry(ChatRequest(slot=MAIN_SLOT, messages=turn1, thinking=True), _ignore)
+    first = client.chat_with_retry(
+        ChatRequest(slot=MAIN_SLOT, messages=turn1, thinking=True), _ignore
+    )
     tokens = _tokens(first)
     left = first.timings.total
     floor = cache_check_floor(loss)
@@ -252,10 +269,16 @@ def check_cache(target: Target) -> CheckResult:
                 tokens,
             )
     turn2 = [*turn1, first.message(), UserMessage(TURN2_PROMPT)]
-    second = client.chat_with_retry(ChatRequest(slot=MAIN_SLOT, messages=turn2, thinking=True), _ignore)
+    second = client.chat_with_retry(
+        ChatRequest(slot=MAIN_SLOT, messages=turn2, thinking=True), _ignore
+    )
     tokens += _tokens(second)
     outcome = cache_outcome(first.timings, second.timings, loss)
-    limit = f"loss limit {loss}" if other else f"loss limit {loss}; one slot, so no request on another slot"
+    limit = (
+        f"loss limit {loss}"
+        if other
+        else f"loss limit {loss}; one slot, so no request on another slot"
+    )
     after = f" after a request on slot {OTHER_SLOT}" if other else ""
     detail = f"turn 2 reused {outcome.cached} of {outcome.expected} tokens ({limit}){after}, {tokens} tokens"
     if outcome.lost and other:
@@ -266,6 +289,9 @@ def check_cache(target: Target) -> CheckResult:
 def _other_slot_request(client: Client) -> int:
     """One short chat on `OTHER_SLOT`, which starts a task there; its tokens."""
     req = ChatRequest(
-        slot=OTHER_SLOT, messages=[UserMessage(OTHER_PROMPT)], thinking=False, max_tokens=OTHER_MAX_TOKENS
+        slot=OTHER_SLOT,
+        messages=[UserMessage(OTHER_PROMPT)],
+        thinking=False,
+        max_tokens=OTHER_MAX_TOKENS,
     )
     return _tokens(client.chat_with_retry(req, _ignore))

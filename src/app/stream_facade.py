@@ -14,7 +14,16 @@ from domain.completion import Completion
 from domain.errors import Cancelled, RequestError
 from domain.events import ChatEvent, Content, Reasoning, Retrying
 
-__all__ = ["CLOSED_WHILE_READ", "ONE_READER", "Facade", "OneReader", "Step", "check_sink", "emit", "weakly"]
+__all__ = [
+    "CLOSED_WHILE_READ",
+    "ONE_READER",
+    "Facade",
+    "OneReader",
+    "Step",
+    "check_sink",
+    "emit",
+    "weakly",
+]
 
 Step = ChatEvent | Completion
 
@@ -27,7 +36,9 @@ def check_sink(on_event: object) -> None:
         raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
     call = type(on_event).__call__
     if any(
-        is_async(f) for f in (on_event, call) for is_async in (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
+        is_async(f)
+        for f in (on_event, call)
+        for is_async in (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
     ):
         raise RequestError(_AWAITABLE_SINK)
 
@@ -48,7 +59,9 @@ def emit(on_event: Callable[[ChatEvent], object], event: ChatEvent) -> None:
         close = getattr(returned, "close", None)
         if close is not None and not inspect.isasyncgen(returned):
             close()
-        raise TypeError(f"{_AWAITABLE_SINK}; it returned {type(returned).__name__} for {type(event).__name__}")
+        raise TypeError(
+            f"{_AWAITABLE_SINK}; it returned {type(returned).__name__} for {type(event).__name__}"
+        )
 
 
 # Said by a loop whose stream was closed from elsewhere while it ran (another thread or task, or
@@ -83,7 +96,16 @@ class Facade:
     stream closed from elsewhere ends, and the answer's text as far as the events showed it,
     which a `Cancelled` out of the stream carries (`Cancelled.content`, `.reasoning`)."""
 
-    __slots__ = ("__weakref__", "_completion", "_cut", "_looping", "_over", "_said", "_thought", "_token")
+    __slots__ = (
+        "__weakref__",
+        "_completion",
+        "_cut",
+        "_looping",
+        "_over",
+        "_said",
+        "_thought",
+        "_token",
+    )
 
     def __init__(self) -> None:
         self._token = CancelToken()

@@ -124,7 +124,11 @@ class Assembler:
         self._reasoning_chunks = 0
         self._outside = 0  # of `predicted_n`, the tokens generated outside the reasoning
         self._pieces = 0  # chunks that grew the answer
-        self._max_pieces = sys.maxsize if max_predicted is None else PIECES_PER_TOKEN * max_predicted + PIECES_SLACK
+        self._max_pieces = (
+            sys.maxsize
+            if max_predicted is None
+            else PIECES_PER_TOKEN * max_predicted + PIECES_SLACK
+        )
         self._predicted = 0
         self._processed = -1
         self._progress_total: int | None = None
@@ -171,11 +175,15 @@ class Assembler:
             self._timings = timings
             predicted = timings.get("predicted_n")
             if type(predicted) is int and predicted >= 0:
-                if self._predicted < predicted and (self._max_predicted is None or predicted <= self._max_predicted):
+                if self._predicted < predicted and (
+                    self._max_predicted is None or predicted <= self._max_predicted
+                ):
                     self._predicted = predicted
                     self.advanced = True
             elif predicted is not None:
-                raise ProtocolError(f"timings.predicted_n is {shown(predicted)}, not a non-negative integer")
+                raise ProtocolError(
+                    f"timings.predicted_n is {shown(predicted)}, not a non-negative integer"
+                )
         events = _NOTHING
         progress = chunk.get("prompt_progress")
         if progress is not None:
@@ -184,9 +192,13 @@ class Assembler:
         if not choices:
             return events
         if type(choices) is not list:
-            raise ProtocolError(f"chunk {self._chunks}: choices is a {type(choices).__name__}, not a list")
+            raise ProtocolError(
+                f"chunk {self._chunks}: choices is a {type(choices).__name__}, not a list"
+            )
         if len(choices) != 1:
-            raise ProtocolError(f"chunk {self._chunks} has {len(choices)} choices; one was asked for")
+            raise ProtocolError(
+                f"chunk {self._chunks} has {len(choices)} choices; one was asked for"
+            )
         choice = choices[0]
         delta = choice.get("delta")
         if delta:
@@ -210,7 +222,9 @@ class Assembler:
             self.in_reasoning = False
         return events
 
-    def _delta(self, delta: dict[str, Any], predicted: object, events: tuple[ChatEvent, ...]) -> tuple[ChatEvent, ...]:
+    def _delta(
+        self, delta: dict[str, Any], predicted: object, events: tuple[ChatEvent, ...]
+    ) -> tuple[ChatEvent, ...]:
         """The events of one choice's `delta`, appended to `events`."""
         text = delta.get("reasoning_content")
         if text is not None:
@@ -284,7 +298,9 @@ class Assembler:
 
     def _past_cap(self) -> ProtocolError:
         limit = self._max_answer
-        return ProtocolError(f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks")
+        return ProtocolError(
+            f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks"
+        )
 
     @property
     def timings(self) -> Timings:

@@ -26,7 +26,9 @@ __all__ = ["ErrorBody", "FetchLimits", "WholeBody", "answered", "promised_length
 _NO_BODY = (204, 304)
 
 
-def answered(head: ResponseHead | TimedOut, method: str, path: str, limits: FetchLimits) -> ResponseHead:
+def answered(
+    head: ResponseHead | TimedOut, method: str, path: str, limits: FetchLimits
+) -> ResponseHead:
     """The head of a small request, or `Stalled` if it did not come within its wait."""
     if isinstance(head, TimedOut):
         raise Stalled(f"{method} {path}: no answer within {limits.head_wait_s * 1000:.0f} ms")
@@ -52,7 +54,9 @@ class WholeBody:
             raise Stalled(f"{self._what}: no response head within {self._timeout} s")
         length = promised_length(head)
         if length is not None and length > self._limit:
-            raise ProtocolError(f"{self._what}: Content-Length {length} is over the {self._limit}-byte body limit")
+            raise ProtocolError(
+                f"{self._what}: Content-Length {length} is over the {self._limit}-byte body limit"
+            )
 
     def take(self, piece: bytes | TimedOut) -> bool:
         """A read's result; True once the body ended (`b""`)."""

@@ -135,7 +135,9 @@ class ChatStream:
             max_tool_calls=limits.tool_calls,
             max_prompt_tokens=max_prompt_tokens,
         )
-        self._cap = ThinkingCap(limits.thinking_cap, limits.thinking_overrun, budget_sent=budget_sent)
+        self._cap = ThinkingCap(
+            limits.thinking_cap, limits.thinking_overrun, budget_sent=budget_sent
+        )
         self._reasoning = False  # the last chunk that advanced was reasoning
         self._liveness = Liveness(limits.liveness_ms, now)
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
@@ -199,7 +201,9 @@ class ChatStream:
                 return self._end(out, self._result())
             advanced = self._steps(data, out)
             if not self._decoder.clean and not self._over:
-                self._decoder.feed(b"")  # a failure held back behind the events handed out: now, not later
+                self._decoder.feed(
+                    b""
+                )  # a failure held back behind the events handed out: now, not later
         except HttpError as exc:  # one the server sent inside the stream
             return self._end(out, exc.kept(self._error_bytes))
         except InferError as exc:
@@ -208,7 +212,9 @@ class ChatStream:
             return out
         if advanced:
             self._liveness.on_data(now)
-        elif self._liveness.expired(now):  # bytes that advance nothing, come past the limit: a stall
+        elif self._liveness.expired(
+            now
+        ):  # bytes that advance nothing, come past the limit: a stall
             self._stalled = True  # as a silent read's, and resumable as one
             out.append(self._liveness.error(now))
         return out
@@ -226,7 +232,9 @@ class ChatStream:
         want = self._overlap
         if not data:
             self._over = True
-            raise StreamClosedEarly(f"GET {STREAM_PATH}: the replay ended inside the bytes it was to begin with")
+            raise StreamClosedEarly(
+                f"GET {STREAM_PATH}: the replay ended inside the bytes it was to begin with"
+            )
         n = min(len(want), len(data))
         if data[:n] != want[:n]:
             self._over = True
@@ -249,8 +257,14 @@ class ChatStream:
             if type(event) is SseData:
                 mark = len(out)
                 out += assemble(parse_chunk(event.data))
-                if self._reasoning and not assembler.in_reasoning and self._cap.ended(assembler.reasoning_tokens):
-                    out.insert(mark, ThinkingCapped(tokens=assembler.reasoning_tokens))  # the budget ended it
+                if (
+                    self._reasoning
+                    and not assembler.in_reasoning
+                    and self._cap.ended(assembler.reasoning_tokens)
+                ):
+                    out.insert(
+                        mark, ThinkingCapped(tokens=assembler.reasoning_tokens)
+                    )  # the budget ended it
                 self._reasoning = assembler.in_reasoning
                 if assembler.reasoned and self._thinking(out):
                     return True
@@ -288,6 +302,9 @@ class ChatStream:
     def _end(self, out: list[Step], last: Completion | InferError) -> list[Step]:
         self._over = True
         if type(last) is Completion:  # whole: a control call decided in the same read is moot
-            out[:] = [ThinkingCapped(self._cap.capped_at) if type(s) is PostReasoningEnd else s for s in out]
+            out[:] = [
+                ThinkingCapped(self._cap.capped_at) if type(s) is PostReasoningEnd else s
+                for s in out
+            ]
         out.append(last)
         return out

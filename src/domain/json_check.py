@@ -68,14 +68,18 @@ class _Walk:
             return value
         if isinstance(value, int):
             if not INT64_MIN <= value <= UINT64_MAX:
-                raise RequestError(f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX}, not {shown(value)}")
+                raise RequestError(
+                    f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX}, not {shown(value)}"
+                )
             return value
         if isinstance(value, float):
             if not math.isfinite(value):
                 raise RequestError(f"{where} must be a finite number, not {shown(value)}")
             return value
         if depth >= MAX_JSON_DEPTH:
-            raise RequestError(f"{self.root} is nested more than {MAX_JSON_DEPTH} levels deep (at {where})")
+            raise RequestError(
+                f"{self.root} is nested more than {MAX_JSON_DEPTH} levels deep (at {where})"
+            )
         if isinstance(value, Mapping):
             out: dict[str, Any] = {}
             for key, item in value.items():

@@ -56,7 +56,9 @@ REATTACH_REFUSED: Final = frozenset({400, 404})
 # get the stream, or its 404.
 REATTACH_LATER: Final = frozenset({503})
 
-_UNRESERVED: Final = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_UNRESERVED: Final = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~"
+)
 
 
 def with_model(path: str, model: str, *, autoload: bool = True) -> str:
@@ -112,7 +114,13 @@ def shown_target(path: str) -> str:
     base, sep, query = path.partition("?")
     if "conv_id=" not in query:
         return path
-    return base + sep + "&".join("conv_id=..." if part.startswith("conv_id=") else part for part in query.split("&"))
+    return (
+        base
+        + sep
+        + "&".join(
+            "conv_id=..." if part.startswith("conv_id=") else part for part in query.split("&")
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,14 +174,22 @@ def _list(value: object, path: str) -> list[Any]:
     return value
 
 
-def _count(obj: dict[str, Any], key: str, path: str, *, positive: bool = False, most: int | None = None) -> int:
+def _count(
+    obj: dict[str, Any], key: str, path: str, *, positive: bool = False, most: int | None = None
+) -> int:
     """`obj[key]`, a count; `most` bounds what llama-server keeps in an int32 (slots, contexts,
     token ids), so a larger one is not its number and would wrap when sent back."""
     value = obj.get(key)
-    if type(value) is not int or value < (1 if positive else 0) or (most is not None and value > most):
+    if (
+        type(value) is not int
+        or value < (1 if positive else 0)
+        or (most is not None and value > most)
+    ):
         need = "a positive integer" if positive else "a non-negative integer"
         quoted = "missing" if key not in obj else shown(value)
-        raise ProtocolError(f"{path}.{key} is {quoted}, not {need}{'' if most is None else f' up to {most}'}")
+        raise ProtocolError(
+            f"{path}.{key} is {quoted}, not {need}{'' if most is None else f' up to {most}'}"
+        )
     return value
 
 
@@ -190,12 +206,16 @@ def parse_props(raw: bytes) -> Props:
     if type(template) is not str:
         quoted = "missing" if "chat_template" not in data else shown(template)
         raise ProtocolError(f"{where}.chat_template is {quoted}, not a string")
-    settings = _object(data.get("default_generation_settings"), f"{where}.default_generation_settings")
+    settings = _object(
+        data.get("default_generation_settings"), f"{where}.default_generation_settings"
+    )
     return Props(
         chat_template=template,
         chat_template_sha256=sha256(template.encode("utf-8")).hex(),
         total_slots=_count(data, "total_slots", where, positive=True, most=INT32_MAX),
-        n_ctx=_count(settings, "n_ctx", f"{where}.default_generation_settings", positive=True, most=INT32_MAX),
+        n_ctx=_count(
+            settings, "n_ctx", f"{where}.default_generation_settings", positive=True, most=INT32_MAX
+        ),
         model_alias=_opt_str(data, "model_alias"),
         model_path=_opt_str(data, "model_path"),
     )
@@ -230,14 +250,18 @@ def parse_tokens(raw: bytes) -> list[Token]:
         if type(piece) is str:
             try:
                 data_bytes = piece.encode("utf-8")
-            except UnicodeEncodeError as exc:  # pragma: no cover - the parser refuses lone surrogates
+            except (
+                UnicodeEncodeError
+            ) as exc:  # pragma: no cover - the parser refuses lone surrogates
                 raise ProtocolError(f"{path}.piece is not valid text") from exc
             out.append(Token(token_id, piece, data_bytes))
         elif type(piece) is list and all(type(b) is int and 0 <= b <= 255 for b in piece):
             data_bytes = bytes(piece)
             out.append(Token(token_id, data_bytes.decode("utf-8", "replace"), data_bytes))
         else:
-            raise ProtocolError(f"{path}.piece is {shown(piece)}, neither text nor a list of byte values")
+            raise ProtocolError(
+                f"{path}.piece is {shown(piece)}, neither text nor a list of byte values"
+            )
     return out
 
 

@@ -100,7 +100,11 @@ def _text(data: Mapping[str, Any], key: str, where: str, *, optional: bool = Fal
     if value is None and optional:
         return None
     if not isinstance(value, str):
-        hint = ": serialise it to JSON text first" if key == "arguments" and isinstance(value, Mapping) else ""
+        hint = (
+            ": serialise it to JSON text first"
+            if key == "arguments" and isinstance(value, Mapping)
+            else ""
+        )
         raise ValueError(f"{where}.{key}: must be a string, not {type(value).__name__}{hint}")
     return value
 
@@ -115,13 +119,17 @@ def _call_from(data: object, where: str) -> ToolCall:
     call = _dict(data, where)
     _only(call, ("id", "type", "function"), where)
     if "type" in call and call["type"] != "function":
-        raise ValueError(f"{where}.type: unknown tool call type {shown(call['type'])} (only 'function')")
+        raise ValueError(
+            f"{where}.type: unknown tool call type {shown(call['type'])} (only 'function')"
+        )
     if "function" not in call:
         raise ValueError(f"{where}.function: required key is missing")
     function = _dict(call["function"], f"{where}.function")
     _only(function, ("name", "arguments"), f"{where}.function")
     name = _text(function, "name", f"{where}.function")
-    return ToolCall(_text(call, "id", where), name, _text(function, "arguments", f"{where}.function"))
+    return ToolCall(
+        _text(call, "id", where), name, _text(function, "arguments", f"{where}.function")
+    )
 
 
 def _message_from(data: object, where: str) -> ChatMessage:
@@ -143,7 +151,9 @@ def _message_from(data: object, where: str) -> ChatMessage:
     return AssistantMessage(
         content=_text(message, "content", where, optional=True),
         reasoning_content=_text(message, "reasoning_content", where, optional=True),
-        tool_calls=tuple(_call_from(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(listed)),
+        tool_calls=tuple(
+            _call_from(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(listed)
+        ),
     )
 
 

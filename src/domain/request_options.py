@@ -78,7 +78,9 @@ def _number(value: object, where: str, low: float, high: float) -> float:
     except OverflowError:  # an int past the float range
         number = math.inf
     if not low <= number <= high:  # also refuses nan
-        raise RequestError(f"{where} must be a finite number from {low:g} to {high:g}, not {shown(value)}")
+        raise RequestError(
+            f"{where} must be a finite number from {low:g} to {high:g}, not {shown(value)}"
+        )
     return number
 
 
@@ -119,7 +121,9 @@ class RequestSettings:
     sampled: tuple[tuple[str, float | int], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        sampled = tuple((name, value) for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None)
+        sampled = tuple(
+            (name, value) for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None
+        )
         object.__setattr__(self, "sampled", sampled)
 
 
@@ -169,13 +173,19 @@ def checked_response_format(value: object) -> dict[str, Any] | None:
         raise RequestError(f"{where} must be a mapping, not {type(value).__name__}")
     kind = value.get("type")
     if not isinstance(kind, str) or kind not in RESPONSE_FORMAT_TYPES:
-        raise RequestError(f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {shown(kind)}")
+        raise RequestError(
+            f"{where}.type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, not {shown(kind)}"
+        )
     if kind == "json_schema":
         wrapper = value.get("json_schema")
         if not isinstance(wrapper, Mapping):
-            raise RequestError(f"{where}.json_schema must be a mapping, not {type(wrapper).__name__}")
+            raise RequestError(
+                f"{where}.json_schema must be a mapping, not {type(wrapper).__name__}"
+            )
         if "name" in wrapper and not isinstance(wrapper["name"], str):
-            raise RequestError(f"{where}.json_schema.name must be a string, not {type(wrapper['name']).__name__}")
+            raise RequestError(
+                f"{where}.json_schema.name must be a string, not {type(wrapper['name']).__name__}"
+            )
         _schema_object(wrapper, f"{where}.json_schema", required=True)
     elif kind == "json_object":
         _schema_object(value, where, required=False)
@@ -194,7 +204,9 @@ def checked_prefill(value: object, *, thinking: bool, last: object) -> str | Non
         raise RequestError("prefill is empty: give the answer's opening, or None for no prefill")
     valid_text(value, "prefill")
     if thinking:
-        raise RequestError("prefill cannot be combined with thinking: llama-server refuses an assistant prefill then")
+        raise RequestError(
+            "prefill cannot be combined with thinking: llama-server refuses an assistant prefill then"
+        )
     if isinstance(last, AssistantMessage):
         raise RequestError(
             "prefill cannot follow an assistant message: llama-server refuses two assistant messages at the end"

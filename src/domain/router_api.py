@@ -33,7 +33,9 @@ def refused_state(error: HttpError) -> SlotState:
     """The probe's reading of a `/slots` answer that is not 200: the model is loading (503, or
     a router's child starting), or the server cannot say (`UNAVAILABLE`). A router's "not
     loaded" (`ModelNotLoaded`) is read from `/models` instead (`model_state`)."""
-    if error.status == 503 or (error.status == 500 and error.body.encode().startswith(_PROXY_STARTING)):
+    if error.status == 503 or (
+        error.status == 500 and error.body.encode().startswith(_PROXY_STARTING)
+    ):
         return SlotState.LOADING
     return SlotState.UNAVAILABLE
 
@@ -43,7 +45,11 @@ def model_state(raw: bytes, model: str) -> SlotState:
     `LOADING`, `ASLEEP`, or `BEHIND` when it is not loaded (the router holds a request for it
     behind another model's work, or is about to load it); `UNAVAILABLE` when it cannot say."""
     status = model_status(raw, model)
-    return SlotState.UNAVAILABLE if status is None else _MODEL_STATES.get(status, SlotState.UNAVAILABLE)
+    return (
+        SlotState.UNAVAILABLE
+        if status is None
+        else _MODEL_STATES.get(status, SlotState.UNAVAILABLE)
+    )
 
 
 def model_status(raw: bytes, model: str) -> str | None:

@@ -175,7 +175,9 @@ class SseDecoder:
             if end:
                 self._lines(data, end, out)
             if len(tail) > self._max_line and not self._done:
-                raise ProtocolError(f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)")
+                raise ProtocolError(
+                    f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)"
+                )
         except (ProtocolError, HttpError) as exc:
             self._failure = exc
             self.clean = False
@@ -254,7 +256,9 @@ class SseDecoder:
                         return
                 continue
             stop = data.find(b"\n", pos) + 1  # past this line
-            if stop < end and data[stop] != 10:  # more lines follow it: the run, at once if it may be
+            if (
+                stop < end and data[stop] != 10
+            ):  # more lines follow it: the run, at once if it may be
                 stop = _run_end(data, pos, end)
                 if event.block(data, pos, stop):
                     pos = stop

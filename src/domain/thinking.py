@@ -44,11 +44,22 @@ class Action(enum.Enum):
 
 
 class ThinkingCap:
-    __slots__ = ("_budget_sent", "_cap", "_overran", "_overrun", "_posted", "_trigger", "capped", "capped_at")
+    __slots__ = (
+        "_budget_sent",
+        "_cap",
+        "_overran",
+        "_overrun",
+        "_posted",
+        "_trigger",
+        "capped",
+        "capped_at",
+    )
 
     def __init__(self, cap: int, overrun: int, *, budget_sent: bool = False) -> None:
         if cap <= 0 or overrun < 0:
-            raise ValueError(f"thinking cap {cap} must be positive and overrun {overrun} not negative")
+            raise ValueError(
+                f"thinking cap {cap} must be positive and overrun {overrun} not negative"
+            )
         self._cap = cap
         self._overrun = overrun
         self._budget_sent = budget_sent
@@ -79,7 +90,11 @@ class ThinkingCap:
         """The reasoning gave way to the answer after `reasoning_tokens`: True when it was the
         server's budget that ended it (at the cap), which caps the thinking as the control call
         would have."""
-        if self.capped or not self._budget_sent or not self._cap <= reasoning_tokens < self._trigger:
+        if (
+            self.capped
+            or not self._budget_sent
+            or not self._cap <= reasoning_tokens < self._trigger
+        ):
             return False
         self.capped = True
         self.capped_at = reasoning_tokens
@@ -102,4 +117,6 @@ class ThinkingCap:
     def control_error(self, answer: str) -> ThinkingOverrun:
         """The error to raise after `control_answer` answered `OVERRUN`; `answer` says what the
         server said (or why there was no answer)."""
-        return ThinkingOverrun(f"reasoning_end posted at {self.capped_at} reasoning tokens was not accepted: {answer}")
+        return ThinkingOverrun(
+            f"reasoning_end posted at {self.capped_at} reasoning tokens was not accepted: {answer}"
+        )

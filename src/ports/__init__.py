@@ -3,7 +3,15 @@
 from ports.clock import AsyncClock, Clock
 from ports.slot_probe import AsyncSlotProbe, SlotProbe, SlotState
 from ports.stream import AsyncByteStream, ByteStream
-from ports.transport import TIMED_OUT, AsyncExchange, AsyncTransport, Exchange, ResponseHead, TimedOut, Transport
+from ports.transport import (
+    TIMED_OUT,
+    AsyncExchange,
+    AsyncTransport,
+    Exchange,
+    ResponseHead,
+    TimedOut,
+    Transport,
+)
 
 __all__ = [
     "TIMED_OUT",

@@ -1,7 +1,14 @@
 """A scripted HTTP server on a Unix socket, in-memory fakes that replay the same scripts, and the
 llama-server chunks the scripts stream."""
 
-from adapters.fake_server.chunks import CHUNK_CREATED, CHUNK_ID, CHUNK_MODEL, ROLE, chunk, chunk_timings
+from adapters.fake_server.chunks import (
+    CHUNK_CREATED,
+    CHUNK_ID,
+    CHUNK_MODEL,
+    ROLE,
+    chunk,
+    chunk_timings,
+)
 from adapters.fake_server.memory import (
     AsyncFakeClock,
     AsyncFakeSlotProbe,

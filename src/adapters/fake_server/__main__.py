@@ -21,12 +21,18 @@ from adapters.fake_server.server import FakeServer
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adapters.fake_server", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m adapters.fake_server", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--socket", required=True, help="path of the Unix socket to listen on")
     parser.add_argument("--transcript", required=True, help="response.raw, or a transcript folder")
-    parser.add_argument("--path", default="/v1/chat/completions", help="route to serve it on (POST)")
+    parser.add_argument(
+        "--path", default="/v1/chat/completions", help="route to serve it on (POST)"
+    )
     parser.add_argument("--delay-ms", type=float, default=0.0, help="delay before each piece")
-    parser.add_argument("--piece-bytes", type=int, default=None, help="fixed piece size instead of chunks")
+    parser.add_argument(
+        "--piece-bytes", type=int, default=None, help="fixed piece size instead of chunks"
+    )
     parser.add_argument("--slots", type=int, default=2, help="idle slots that GET /slots reports")
     args = parser.parse_args(argv)
 
@@ -49,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server = FakeServer(socket_path=args.socket)
-    server.route("POST", args.path, raw_reply(raw, delay_s=args.delay_ms / 1000, piece_bytes=args.piece_bytes))
+    server.route(
+        "POST",
+        args.path,
+        raw_reply(raw, delay_s=args.delay_ms / 1000, piece_bytes=args.piece_bytes),
+    )
     server.route("GET", "/slots", slots_reply([False] * args.slots))
     server.route("GET", "/health", json_reply({"status": "ok"}))
     try:

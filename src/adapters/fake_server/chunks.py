@@ -68,7 +68,9 @@ def chunk(
     `prompt_progress`, which took `progress_ms`; `fingerprint` is the `system_fingerprint`, which
     llama-server sends and most chunks here leave out."""
     out: dict[str, Any] = {
-        "choices": [{"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}],
+        "choices": [
+            {"finish_reason": finish, "index": 0, "delta": delta if delta is not None else {}}
+        ],
         "created": created,
         "id": cid,
         "model": model,
@@ -82,5 +84,10 @@ def chunk(
         out["timings"] = chunk_timings(n, cache_n=cache_n, prompt_n=prompt_n)
     if progress is not None:
         total, cache, processed = progress
-        out["prompt_progress"] = {"total": total, "cache": cache, "processed": processed, "time_ms": progress_ms}
+        out["prompt_progress"] = {
+            "total": total,
+            "cache": cache,
+            "processed": processed,
+            "time_ms": progress_ms,
+        }
     return out

@@ -200,15 +200,29 @@ class ScriptedTransport:
         link: Link | None = None,
     ) -> ScriptedExchange:
         request, stream = self._render(method, path, body, headers, link)
-        return send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path, cancel=cancel)
+        return send(
+            stream,
+            request,
+            timeout=timeout,
+            now=self.clock.now,
+            peer=self.socket_path,
+            cancel=cancel,
+        )
 
     def _render(
-        self, method: str, path: str, body: bytes | None, headers: tuple[tuple[str, str], ...], link: Link | None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: tuple[tuple[str, str], ...],
+        link: Link | None,
     ) -> tuple[Request, ScriptedStream]:
         """The request checked as the real transport checks it, and the stream that plays it
         (`link`, when `connect` made it)."""
         header_bytes = sys.maxsize if self.header_bytes is None else self.header_bytes
-        request, stream = render_for(link, ScriptedStream, self, method, path, body, header_bytes, headers)
+        request, stream = render_for(
+            link, ScriptedStream, self, method, path, body, header_bytes, headers
+        )
         if stream is None:
             self._refuse()
             stream = ScriptedStream(self.clock, self.routes, self.requests)

@@ -23,7 +23,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from adapters.fake_server.script import SSE_HEADERS, End, Piece, RecordedRequest, Reply, error_reply, sse_event
+from adapters.fake_server.script import (
+    SSE_HEADERS,
+    End,
+    Piece,
+    RecordedRequest,
+    Reply,
+    error_reply,
+    sse_event,
+)
 
 __all__ = ["ReplayRing"]
 

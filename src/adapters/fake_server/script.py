@@ -62,7 +62,9 @@ class Reply:
         object.__setattr__(self, "headers", tuple(self.headers))
         object.__setattr__(self, "pieces", tuple(self.pieces))
         if not self.head_delay_s >= 0:
-            raise ValueError(f"head_delay_s must be >= 0 (math.inf: never), got {self.head_delay_s}")
+            raise ValueError(
+                f"head_delay_s must be >= 0 (math.inf: never), got {self.head_delay_s}"
+            )
 
     @property
     def body_length(self) -> int:
@@ -223,8 +225,12 @@ def sse_reply(
     return Reply(status, headers, pieces, end=end, chunked=True, head_delay_s=head_delay_s)
 
 
-def json_reply(obj: Any, status: int = 200, *, head_delay_s: float = 0.0, delay_s: float = 0.0) -> Reply:
-    return Reply(status, JSON_HEADERS, [Piece(delay_s, orjson.dumps(obj))], head_delay_s=head_delay_s)
+def json_reply(
+    obj: Any, status: int = 200, *, head_delay_s: float = 0.0, delay_s: float = 0.0
+) -> Reply:
+    return Reply(
+        status, JSON_HEADERS, [Piece(delay_s, orjson.dumps(obj))], head_delay_s=head_delay_s
+    )
 
 
 def error_reply(status: int, message: str, type_: str = "server_error") -> Reply:
@@ -244,7 +250,8 @@ def loading() -> Reply:
 def slots_reply(busy: Sequence[bool], *, n_ctx: int = 4096) -> Reply:
     """`GET /slots` with one entry per slot, `is_processing` as given."""
     slots = [
-        {"id": index, "n_ctx": n_ctx, "speculative": False, "is_processing": flag} for index, flag in enumerate(busy)
+        {"id": index, "n_ctx": n_ctx, "speculative": False, "is_processing": flag}
+        for index, flag in enumerate(busy)
     ]
     return json_reply(slots)
 

@@ -101,7 +101,9 @@ class FakeServer:
     ) -> None:
         self.stop()
         if exc_type is None and self.errors:
-            raise RuntimeError(f"fake server failed while serving: {self.errors[0]!r}") from self.errors[0]
+            raise RuntimeError(
+                f"fake server failed while serving: {self.errors[0]!r}"
+            ) from self.errors[0]
 
     def start(self) -> None:
         if self._listener is not None:

@@ -36,11 +36,18 @@ def on_wire(script: Script) -> Wire:
     if isinstance(script, Raw):
         return _paced(0.0, b"", script.pieces, bytes, b"", script.end)
     tail = _LAST_CHUNK if script.chunked and script.end is End.CLOSE else b""
-    return _paced(script.head_delay_s, script.wire_head(), script.pieces, script.wire_piece, tail, script.end)
+    return _paced(
+        script.head_delay_s, script.wire_head(), script.pieces, script.wire_piece, tail, script.end
+    )
 
 
 def _paced(
-    delay: float, pending: bytes, pieces: Sequence[Piece], frame: Callable[[bytes], bytes], tail: bytes, end: End
+    delay: float,
+    pending: bytes,
+    pieces: Sequence[Piece],
+    frame: Callable[[bytes], bytes],
+    tail: bytes,
+    end: End,
 ) -> Wire:
     writes: list[tuple[float, bytes]] = []
     for piece in pieces:
@@ -85,7 +92,9 @@ class RequestReader:
                 return RecordedRequest(
                     method=head.method.decode("ascii"),
                     target=head.target.decode("ascii"),
-                    headers=tuple((k.decode("ascii"), v.decode("latin-1")) for k, v in head.headers),
+                    headers=tuple(
+                        (k.decode("ascii"), v.decode("latin-1")) for k, v in head.headers
+                    ),
                     body=bytes(self._body),
                     time=now,
                 )

@@ -13,7 +13,9 @@ _EPSILON = 1e-9
 
 
 class TokenBucket:
-    def __init__(self, burst: int, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, burst: int, rate: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if burst < 1:
             raise ValueError(f"burst must be at least 1, got {burst}")
         if rate <= 0:

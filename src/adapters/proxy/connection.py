@@ -112,10 +112,16 @@ class Connection:
             self._ahead.set()
         self._pending = b""  # the client's first bytes that `forward_first` could not write
         self._moved = False  # `forward_first` moved bytes: the first byte came
-        self._first: bytearray | None = None  # `forward_first`'s buffer, made by `start` for a spare
+        self._first: bytearray | None = (
+            None  # `forward_first`'s buffer, made by `start` for a spare
+        )
         self._wake_read = self._wake_write = -1  # ends the second thread's wait as a spare
-        self._watch: select.epoll | None = None  # the first thread's wait, while its client says nothing
-        self._lazy = False  # taken with its request moved: each thread wakes when it has bytes to move
+        self._watch: select.epoll | None = (
+            None  # the first thread's wait, while its client says nothing
+        )
+        self._lazy = (
+            False  # taken with its request moved: each thread wakes when it has bytes to move
+        )
         self._connect_timeout = connect_timeout
         self._first_byte_by = 0.0
         self._first_byte_timeout = first_byte_timeout
@@ -214,7 +220,9 @@ class Connection:
         was moved whole, so far, wakes neither thread: the first wakes when the client sends
         more (or closes), the second when the upstream answers, so nothing but the upstream
         runs between the request and its answer."""
-        self.thread.name = self._name  # named as a client's now that its first bytes are on their way
+        self.thread.name = (
+            self._name
+        )  # named as a client's now that its first bytes are on their way
         self._back.name = f"{self._name}-back"
         client, watch, upstream, buf = self._client, self._watch, self._linked, self._first
         if not self._moved and client is not None and upstream is not None and buf is not None:
@@ -222,7 +230,13 @@ class Connection:
             # thread wakes for it. (A failed write leaves it pending on the dropped connection,
             # as the first thread would have found it.)
             self._move_first(client, upstream, buf)
-        if watch is not None and client is not None and self._moved and not self._pending and self._linked is not None:
+        if (
+            watch is not None
+            and client is not None
+            and self._moved
+            and not self._pending
+            and self._linked is not None
+        ):
             self._lazy = True
             try:
                 watch.register(client, select.EPOLLIN | select.EPOLLRDHUP)
@@ -386,9 +400,15 @@ class Connection:
         client = self._client
         assert client is not None
         upstream = self._linked or self._take_ready()  # connected ahead, with its options set
-        first_by = time.monotonic() + self._connect_timeout  # the client waits no longer for its first try
-        silent = None if self._moved or self._pending else client  # watched for its first byte meanwhile
-        if upstream is None and not self._ahead.is_set():  # one is on its way: sooner than a new one
+        first_by = (
+            time.monotonic() + self._connect_timeout
+        )  # the client waits no longer for its first try
+        silent = (
+            None if self._moved or self._pending else client
+        )  # watched for its first byte meanwhile
+        if (
+            upstream is None and not self._ahead.is_set()
+        ):  # one is on its way: sooner than a new one
             if not self._wait_ahead(silent, first_by):
                 return
             upstream = self._take_ready()
@@ -422,12 +442,16 @@ class Connection:
 
     def _ahead_or_spoke(self, silent: socket.socket) -> bool:
         """By the first-byte limit: whether the connection ahead came, or the client spoke."""
-        return self._ahead.wait(max(0.0, self._first_byte_by - time.monotonic())) or _readable(silent)
+        return self._ahead.wait(max(0.0, self._first_byte_by - time.monotonic())) or _readable(
+            silent
+        )
 
     def _silent_line(self) -> str:
         return f"the client sent no byte within {self._first_byte_timeout:g} s (first-byte limit)"
 
-    def _connect_for_client(self, first_by: float, silent: socket.socket | None) -> socket.socket | None:
+    def _connect_for_client(
+        self, first_by: float, silent: socket.socket | None
+    ) -> socket.socket | None:
         """A connection made now (none was ready), or None (unreachable, or the client `silent`
         so far stayed so past its first-byte limit, with its line; aborted); the first address
         tried gets until `first_by`, what a wait for the attempt ahead left."""
@@ -456,7 +480,9 @@ class Connection:
         except OSError:
             self.abort()
 
-    def _connect(self, first_by: float | None = None, silent: socket.socket | None = None) -> socket.socket | None:
+    def _connect(
+        self, first_by: float | None = None, silent: socket.socket | None = None
+    ) -> socket.socket | None:
         """A connection upstream, as `socket.create_connection` makes it (still non-blocking),
         now the caller's; None once aborted. Each address the name resolves to gets
         `connect_timeout` (the first, until `first_by` when given); the last failure is raised.
@@ -464,7 +490,9 @@ class Connection:
         infos = self._addresses
         if infos is None:
             try:
-                infos = socket.getaddrinfo(self._address.host, self._address.port, type=socket.SOCK_STREAM)
+                infos = socket.getaddrinfo(
+                    self._address.host, self._address.port, type=socket.SOCK_STREAM
+                )
             except UnicodeError as exc:  # a name the lookup cannot encode: it cannot be reached
                 raise OSError(f"{self._address.host!r} is not a host name ({exc})") from exc
         failure: OSError | None = None
@@ -518,7 +546,9 @@ class Connection:
             ready = {fd for fd, _ in poller.poll(math.ceil(wait * 1000))} if wait > 0 else set()
             if sock.fileno() in ready:
                 break
-            if silent is not None and silent.fileno() in ready:  # it spoke: only the connect is waited for
+            if (
+                silent is not None and silent.fileno() in ready
+            ):  # it spoke: only the connect is waited for
                 poller.unregister(silent)
                 silent = None
             elif silent is not None and time.monotonic() >= silent_by:

@@ -46,7 +46,9 @@ class ProxyLimits:
     max_conns: int = 8
     burst: int = 10
     rate: float = 2.0
-    first_byte_timeout: float = 10.0  # seconds from accept; then a client that sent nothing is closed
+    first_byte_timeout: float = (
+        10.0  # seconds from accept; then a client that sent nothing is closed
+    )
 
     def __str__(self) -> str:
         return (
@@ -81,7 +83,9 @@ def _parser() -> _Parser:
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     parser.add_argument("--listen", required=True, metavar="PATH", help="the Unix socket to create")
-    parser.add_argument("--upstream", required=True, metavar="HOST:PORT", help="where to forward to")
+    parser.add_argument(
+        "--upstream", required=True, metavar="HOST:PORT", help="where to forward to"
+    )
     parser.add_argument(
         "--max-conns",
         default=str(defaults.max_conns),
@@ -121,18 +125,26 @@ def parse_args(argv: Sequence[str]) -> Settings:
             max_conns=_whole(args.max_conns, "--max-conns", MAX_CONNS),
             burst=_whole(args.burst, "--burst", MAX_BURST),
             rate=_within(args.rate, "--rate", *RATE_RANGE),
-            first_byte_timeout=_within(args.first_byte_timeout, "--first-byte-timeout", *FIRST_BYTE_RANGE),
+            first_byte_timeout=_within(
+                args.first_byte_timeout, "--first-byte-timeout", *FIRST_BYTE_RANGE
+            ),
         ),
     )
 
 
 def parse_upstream(value: str) -> Address:
     if "://" in value:
-        raise UsageError(f"--upstream takes HOST:PORT, not a URL{_without_scheme(value)}, got {value!r}")
+        raise UsageError(
+            f"--upstream takes HOST:PORT, not a URL{_without_scheme(value)}, got {value!r}"
+        )
     if value.startswith("[") and value.endswith("]"):
-        raise UsageError(f"--upstream needs a port after the IPv6 host, as [::1]:PORT, got {value!r}")
+        raise UsageError(
+            f"--upstream needs a port after the IPv6 host, as [::1]:PORT, got {value!r}"
+        )
     if value.startswith("[") and "]" in value and not value.partition("]")[2].startswith(":"):
-        raise UsageError(f"--upstream: a colon goes between the IPv6 host and its port, as [::1]:PORT, got {value!r}")
+        raise UsageError(
+            f"--upstream: a colon goes between the IPv6 host and its port, as [::1]:PORT, got {value!r}"
+        )
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
         raise UsageError(f"--upstream must be HOST:PORT, got {value!r}")
@@ -141,18 +153,24 @@ def parse_upstream(value: str) -> Address:
         if not host:
             raise UsageError(f"--upstream has an empty host in {value!r}")
     elif ":" in host:
-        raise UsageError(f"--upstream: write an IPv6 host in brackets, as [::1]:PORT, got {value!r}")
+        raise UsageError(
+            f"--upstream: write an IPv6 host in brackets, as [::1]:PORT, got {value!r}"
+        )
     if not port_text.isascii() or not port_text.isdigit():
         raise UsageError(f"--upstream port must be a number, got {port_text!r} in {value!r}")
     port = int(port_text)
     if not 1 <= port <= 65535:
         raise UsageError(f"--upstream port must be between 1 and 65535, got {port}")
-    if any(char.isspace() or not char.isprintable() for char in host):  # no name holds one; a log line would split
+    if any(
+        char.isspace() or not char.isprintable() for char in host
+    ):  # no name holds one; a log line would split
         raise UsageError(f"--upstream host {host!r} holds a space or a control character")
     try:
         host.encode("idna")  # what every connect's name lookup does first
     except UnicodeError as exc:
-        raise UsageError(f"--upstream host {host!r} is not a host name ({_idna_reason(exc)})") from None
+        raise UsageError(
+            f"--upstream host {host!r} is not a host name ({_idna_reason(exc)})"
+        ) from None
     return Address(host, port)
 
 
@@ -178,14 +196,20 @@ def _without_scheme(url: str) -> str:
 def check_socket_path(path: str) -> str:
     if not path:
         raise UsageError("--listen must name a socket path")
-    if not path.isprintable():  # a newline or an escape would split or colour every log line naming it
+    if (
+        not path.isprintable()
+    ):  # a newline or an escape would split or colour every log line naming it
         raise UsageError(f"--listen path {path!r} holds a control character")
     ending = folder_ending(path)
     if ending is not None:
-        raise UsageError(f"--listen must end in the socket file's name, and {path} ends in {ending}")
+        raise UsageError(
+            f"--listen must end in the socket file's name, and {path} ends in {ending}"
+        )
     size = len(os.fsencode(path))
     if size > MAX_SOCKET_PATH_BYTES:
-        raise UsageError(f"--listen path is {size} bytes; AF_UNIX allows at most {MAX_SOCKET_PATH_BYTES}: {path}")
+        raise UsageError(
+            f"--listen path is {size} bytes; AF_UNIX allows at most {MAX_SOCKET_PATH_BYTES}: {path}"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(parent):
         raise UsageError(f"--listen: the folder {parent} does not exist")

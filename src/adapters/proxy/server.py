@@ -89,14 +89,20 @@ class Proxy:
         self._addresses = fixed_addresses(upstream)
         self._open: set[Connection] = set()
         self._spare: Connection | None = None
-        self._taken: list[Connection] = []  # taken by a client in this turn, to wake before the select
-        self._spare_at: float | None = time.monotonic()  # when to make the next spare, while there is none
+        self._taken: list[
+            Connection
+        ] = []  # taken by a client in this turn, to wake before the select
+        self._spare_at: float | None = (
+            time.monotonic()
+        )  # when to make the next spare, while there is none
         self._finished: list[threading.Thread] = []
         self._changed = threading.Condition()
         self._stopping = False
         self._serial = 0
         self._accepted = 0
-        self._resume_accept_at: float | None = None  # set while accepting pauses, out of descriptors
+        self._resume_accept_at: float | None = (
+            None  # set while accepting pauses, out of descriptors
+        )
         self._accept_failures = 0  # since the last line that said so
         self._accept_failure_line_at = -_ACCEPT_FAILURE_LINE_S
         self._wake_read = self._wake_write = -1  # the wake-up pipe exists while serve() runs
@@ -132,7 +138,9 @@ class Proxy:
         made, with what it makes ahead (or none is due); False on timeout."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            if not self._changed.wait_for(lambda: not self._open and not self._spare_due(), timeout):
+            if not self._changed.wait_for(
+                lambda: not self._open and not self._spare_due(), timeout
+            ):
                 return False
             spare = self._spare
         if spare is not None and not spare.prepared.wait(max(0.0, deadline - time.monotonic())):
@@ -260,13 +268,19 @@ class Proxy:
         if now - self._accept_failure_line_at < _ACCEPT_FAILURE_LINE_S:
             return
         more = self._accept_failures - 1
-        self._log(f"accept failed: {exc.strerror}" + (f" ({more} more since the last such line)" if more else ""))
+        self._log(
+            f"accept failed: {exc.strerror}"
+            + (f" ({more} more since the last such line)" if more else "")
+        )
         self._accept_failures, self._accept_failure_line_at = 0, now
 
     def _admit(self, client: socket.socket) -> bool:
         """Hand `client` a connection, or refuse it; whether it was handed one."""
         if not self._bucket.take():
-            self._refuse(client, f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)")
+            self._refuse(
+                client,
+                f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)",
+            )
             return False
         with self._changed:  # one look at the state, on the way to the client's first bytes
             full = len(self._open) >= self._limits.max_conns
@@ -286,7 +300,9 @@ class Proxy:
             with self._changed:
                 self._open.add(connection)
         client.setblocking(True)
-        if not connection.take(client, time.monotonic() + self._limits.first_byte_timeout):  # pragma: no cover
+        if not connection.take(
+            client, time.monotonic() + self._limits.first_byte_timeout
+        ):  # pragma: no cover
             with self._changed:
                 self._open.discard(connection)
                 self._changed.notify_all()
@@ -308,7 +324,9 @@ class Proxy:
             return len(self._open) < self._limits.max_conns
 
     def _make_spare(self) -> None:
-        due = self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at
+        due = (
+            self._spare_due() and self._spare_at is not None and time.monotonic() >= self._spare_at
+        )
         if due and self._room():
             spare = self._new_connection(spare=True)
             with self._changed:
@@ -387,7 +405,9 @@ def fixed_addresses(upstream: Address) -> Sequence[AddressInfo] | None:
     """What `upstream` resolves to, when that cannot change: a numeric host; else None (a name is
     resolved at every connect)."""
     try:
-        return socket.getaddrinfo(upstream.host, upstream.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        return socket.getaddrinfo(
+            upstream.host, upstream.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+        )
     except (socket.gaierror, UnicodeError):
         return None
 

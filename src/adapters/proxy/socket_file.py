@@ -86,7 +86,9 @@ def split_socket_path(path: str) -> tuple[str, str]:
     """The folder and the file name of a socket path; SocketFileError if it names no file."""
     ending = folder_ending(path)
     if ending is not None:
-        raise SocketFileError(f"{path} ends in {ending}, not a socket file's name; refusing to start")
+        raise SocketFileError(
+            f"{path} ends in {ending}, not a socket file's name; refusing to start"
+        )
     folder, name = os.path.split(path)
     return folder or os.curdir, name
 
@@ -121,7 +123,9 @@ def _lock_in(folder: int, name: str, lock_path: str) -> int:
         fd = os.open(name + _LOCK_SUFFIX, _LOCK_FLAGS, 0o600, dir_fd=folder)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise SocketFileError(f"{lock_path} is a symlink; refusing to start (left untouched)") from exc
+            raise SocketFileError(
+                f"{lock_path} is a symlink; refusing to start (left untouched)"
+            ) from exc
         raise SocketFileError(f"cannot open the lock file {lock_path}: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
@@ -141,7 +145,9 @@ def _lock_in(folder: int, name: str, lock_path: str) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise SocketFileError(f"another inferproxy holds {lock_path}; refusing to start") from exc
+            raise SocketFileError(
+                f"another inferproxy holds {lock_path}; refusing to start"
+            ) from exc
         except OSError as exc:
             raise SocketFileError(f"cannot lock {lock_path}: {exc.strerror}") from exc
         if stat.S_IMODE(st.st_mode) & 0o077:
@@ -191,7 +197,9 @@ def _bind_locked(path: str, backlog: int, lock: PathLock) -> BoundSocket:
         st = _lstat(lock)
         mode = stat.S_IMODE(st.st_mode)
         if not stat.S_ISSOCK(st.st_mode) or mode != 0o600:
-            raise SocketFileError(f"{path} came out with mode {mode:04o}, not 0600; refusing to listen")
+            raise SocketFileError(
+                f"{path} came out with mode {mode:04o}, not 0600; refusing to listen"
+            )
         sock.listen(backlog)
     except BaseException as exc:
         sock.close()
@@ -232,10 +240,14 @@ def _check_folder(path: str, lock: PathLock) -> None:
     try:
         now = os.stat(folder)
     except OSError as exc:
-        raise SocketFileError(f"cannot inspect the folder {folder} of {path}: {exc.strerror}") from exc
+        raise SocketFileError(
+            f"cannot inspect the folder {folder} of {path}: {exc.strerror}"
+        ) from exc
     held = os.fstat(lock.folder)
     if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
-        raise SocketFileError(f"the folder {folder} of {path} changed while starting; refusing to start")
+        raise SocketFileError(
+            f"the folder {folder} of {path} changed while starting; refusing to start"
+        )
 
 
 def _lstat(lock: PathLock) -> os.stat_result:
@@ -258,7 +270,9 @@ def _clear_stale(path: str, lock: PathLock) -> None:
             f"{path} is a socket of uid {st.st_uid}, not ours (uid {os.geteuid()}); refusing to start (left untouched)"
         )
     if _is_bound(path):
-        raise SocketFileError(f"a process has a socket bound at {path}; refusing to start (left untouched)")
+        raise SocketFileError(
+            f"a process has a socket bound at {path}; refusing to start (left untouched)"
+        )
     try:
         again = _lstat(lock)
     except FileNotFoundError:
@@ -289,7 +303,9 @@ def _is_bound(path: str) -> bool:
             return True
         # A permission problem or similar: cannot tell, so do not touch it.
         reason = exc.strerror or type(exc).__name__
-        raise SocketFileError(f"cannot tell whether {path} is in use ({reason}); refusing to start") from exc
+        raise SocketFileError(
+            f"cannot tell whether {path} is in use ({reason}); refusing to start"
+        ) from exc
     finally:
         probe.close()
     return True  # a datagram socket is bound there

@@ -182,7 +182,9 @@ class ChunkedBody(BodyReader):
             if state == _CRLF:
                 if len(buf) - pos < 2:
                     if buf[pos:] not in (b"", b"\r"):
-                        self._fail(f"chunk {self._chunks} ({self._size} bytes) not followed by CRLF")
+                        self._fail(
+                            f"chunk {self._chunks} ({self._size} bytes) not followed by CRLF"
+                        )
                     return self._starve()
                 if buf[pos : pos + 2] != b"\r\n":
                     self._fail(f"chunk {self._chunks} ({self._size} bytes) not followed by CRLF")
@@ -192,7 +194,9 @@ class ChunkedBody(BodyReader):
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     if len(buf) - pos > self._line_limit:
-                        self._fail(f"chunk size line over {self._line_limit} bytes after {self._chunks} chunks")
+                        self._fail(
+                            f"chunk size line over {self._line_limit} bytes after {self._chunks} chunks"
+                        )
                     return self._starve()
                 line = buf[pos:end]
                 # Plain hex digits are the common case; anything else goes through the regex.
@@ -209,7 +213,9 @@ class ChunkedBody(BodyReader):
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     if self._trailer_bytes + len(buf) - pos > self._line_limit:
-                        self._fail(f"trailers over {self._line_limit} bytes after {self._chunks} chunks")
+                        self._fail(
+                            f"trailers over {self._line_limit} bytes after {self._chunks} chunks"
+                        )
                     return self._starve()
                 self._pos = end + 2
                 if end == pos:
@@ -217,9 +223,13 @@ class ChunkedBody(BodyReader):
                     return b""
                 self._trailer_bytes += end - pos + 2
                 if self._trailer_bytes > self._line_limit:
-                    self._fail(f"trailers over {self._line_limit} bytes after {self._chunks} chunks")
+                    self._fail(
+                        f"trailers over {self._line_limit} bytes after {self._chunks} chunks"
+                    )
                 if _TRAILER_LINE.fullmatch(buf, pos, end) is None:
-                    self._fail(f"malformed trailer line {buf[pos:end][:40]!r} after {self._chunks} chunks")
+                    self._fail(
+                        f"malformed trailer line {buf[pos:end][:40]!r} after {self._chunks} chunks"
+                    )
             else:
                 return b""
 
@@ -230,7 +240,9 @@ class ChunkedBody(BodyReader):
         if match is None:
             digits = len(line) - len(line.lstrip(_HEX))
             if digits > 16:
-                self._fail(f"chunk size of {digits} hex digits (over 16) after {self._chunks} chunks")
+                self._fail(
+                    f"chunk size of {digits} hex digits (over 16) after {self._chunks} chunks"
+                )
             self._fail(f"malformed chunk size line {line[:40]!r} after {self._chunks} chunks")
         return int(match.group(1), 16)
 
