@@ -313,7 +313,7 @@ class LlamaCalls:
     def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
         """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
         queue, ahead = self._queue, ticket.ahead
-        deadline = queue.deadline(self._limits.gate_wait_s)
+        deadline = self._clock.now() + self._limits.gate_wait_s
         while ahead:
             log.debug("slot %d: queued, %d ahead", slot, ahead)
             yield Queued(ahead)
