@@ -70,7 +70,15 @@ def client_limits(config: Config) -> ClientLimits:
 
 def retry_policy(config: Config, rng: random.Random) -> RetryPolicy:
     r = config.retry
-    return RetryPolicy(attempts=r.attempts, delays_ms=r.delays_ms, jitter=r.jitter, total_ms=r.total_ms, rng=rng)
+    delays_s = tuple(seconds(delay) for delay in r.delays_ms)
+    total_s = seconds(r.total_ms)
+    return RetryPolicy(
+        attempts=r.attempts,
+        delays_s=delays_s,
+        jitter=r.jitter,
+        total_s=total_s,
+        rng=rng,
+    )
 
 
 def probe_limits(limits: ClientLimits) -> FetchLimits:
