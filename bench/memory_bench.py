@@ -20,7 +20,6 @@ value) rows for a combined table. Not a test: nothing here asserts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import resource
 import subprocess
@@ -68,14 +67,14 @@ def reads(flood: str, quick: bool) -> Iterator[bytes]:
 
 
 def child(flood: str, quick: bool) -> dict[str, Any]:
-    from app.config import Limits
-    from domain.chat_stream import ChatStream, StreamLimits
+    from app.config import parse_config
+    from app.container import client_limits
+    from domain.chat_stream import ChatStream
     from domain.completion import Completion
     from domain.errors import InferError
 
-    defaults = Limits()
-    limits = StreamLimits(**{f.name: getattr(defaults, f.name) for f in dataclasses.fields(StreamLimits)})
-    stream = ChatStream(limits, defaults.max_tokens, 0.0)
+    config = parse_config({"socket": "/unused.sock"})  # the defaults, as the container reads them
+    stream = ChatStream(client_limits(config).stream, config.limits.max_tokens, 0.0)
     source = reads(flood, quick)
     first = next(source)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

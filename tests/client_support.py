@@ -171,7 +171,7 @@ ANSWER_COMPLETION = Completion(
 
 # The limits the unit tests run a `ChatStream` under.
 STREAM_LIMITS = StreamLimits(
-    liveness_ms=1000,
+    liveness_s=1.0,
     sse_line_bytes=1 << 16,
     answer_bytes=1 << 20,
     thinking_cap=100,

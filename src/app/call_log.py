@@ -50,7 +50,7 @@ def log_retry(slot: int, attempts: Attempts, taken: Next, now: float, *, offset:
         loggable(taken.error),
         event.attempt,
         attempts.policy.attempts,
-        attempts.waits_left_ms(now),
+        round(attempts.waits_left_s(now) * 1000),
     )
     return event
 

@@ -42,17 +42,22 @@ def request_settings(config: Config) -> RequestSettings:
     )
 
 
+def seconds(ms: int) -> float:
+    """A config value in milliseconds (every `*_ms` key) as the seconds the client works in."""
+    return ms / 1000
+
+
 def client_limits(config: Config) -> ClientLimits:
     lim = config.limits
     return ClientLimits(
-        poll_ms=lim.poll_ms,
-        busy_wait_ms=lim.busy_wait_ms,
-        load_wait_ms=lim.load_wait_ms,
-        idle_grace_ms=lim.idle_grace_ms,
+        poll_s=seconds(lim.poll_ms),
+        busy_wait_s=seconds(lim.busy_wait_ms),
+        load_wait_s=seconds(lim.load_wait_ms),
+        idle_grace_s=seconds(lim.idle_grace_ms),
         body_bytes=lim.body_bytes,
         error_body_bytes=lim.error_body_bytes,
         stream=StreamLimits(
-            liveness_ms=lim.liveness_ms,
+            liveness_s=seconds(lim.liveness_ms),
             sse_line_bytes=lim.sse_line_bytes,
             answer_bytes=lim.answer_bytes,
             thinking_cap=lim.thinking_cap,
@@ -65,7 +70,15 @@ def client_limits(config: Config) -> ClientLimits:
 
 def retry_policy(config: Config, rng: random.Random) -> RetryPolicy:
     r = config.retry
-    return RetryPolicy(attempts=r.attempts, delays_ms=r.delays_ms, jitter=r.jitter, total_ms=r.total_ms, rng=rng)
+    delays_s = tuple(seconds(delay) for delay in r.delays_ms)
+    total_s = seconds(r.total_ms)
+    return RetryPolicy(
+        attempts=r.attempts,
+        delays_s=delays_s,
+        jitter=r.jitter,
+        total_s=total_s,
+        rng=rng,
+    )
 
 
 def probe_limits(limits: ClientLimits) -> FetchLimits:

@@ -114,10 +114,7 @@ class Next:
     event: Retrying
     then: Input
     error: InferError  # what the retry follows (a failed re-attach's connect error, as the cut)
-
-    @property
-    def after_s(self) -> float:
-        return self.event.after_ms / 1000.0
+    after_s: float
 
 
 class AttemptMachine:
@@ -158,7 +155,8 @@ class AttemptMachine:
         if not decision.retry:
             self.give_up(error)
         self.happened(Input.CUT)
-        return Next(_retrying(decision.attempt, decision.after_ms, error, resend=False), Input.REATTACH, error)
+        event = _retrying(decision.attempt, decision.after_s, error, resend=False)
+        return Next(event, Input.REATTACH, error, decision.after_s)
 
     def refused(self) -> Retrying:
         """A re-attach the server cannot serve: the `Retrying` of a re-send at once within the
@@ -169,7 +167,7 @@ class AttemptMachine:
             self.give_up(cut)
         self.happened(Input.REFUSED)
         self.cut = None
-        return _retrying(self.attempts.number, 0, cut, resend=True)
+        return _retrying(self.attempts.number, 0.0, cut, resend=True)
 
     def refused_cut(self) -> InferError:
         """The break a refused re-attach would have mended (not a re-attach that failed after it)."""
@@ -191,7 +189,8 @@ class AttemptMachine:
             self.give_up(error)
         self.happened(Input.RETRY)
         self.cut = None
-        return Next(_retrying(decision.attempt, decision.after_ms, error, resend=True), Input.RESEND, error)
+        event = _retrying(decision.attempt, decision.after_s, error, resend=True)
+        return Next(event, Input.RESEND, error, decision.after_s)
 
     def give_up(self, error: BaseException) -> NoReturn:
         """FAILED, and `error` raised."""
@@ -200,5 +199,7 @@ class AttemptMachine:
         raise error
 
 
-def _retrying(attempt: int, after_ms: int, error: InferError, *, resend: bool) -> Retrying:
+def _retrying(attempt: int, after_s: float, error: InferError, *, resend: bool) -> Retrying:
+    """The event, its wait in the milliseconds it speaks (`after_s` is a whole number of them)."""
+    after_ms = round(after_s * 1000)
     return Retrying(attempt=attempt, after_ms=after_ms, error=f"{type(error).__name__}: {error}", resend=resend)

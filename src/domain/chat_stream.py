@@ -139,7 +139,7 @@ class ChatStream:
             limits.thinking_cap, limits.thinking_overrun, budget_sent=budget_sent
         )
         self._reasoning = False  # the last chunk that advanced was reasoning
-        self._liveness = Liveness(limits.liveness_ms, now)
+        self._liveness = Liveness(limits.liveness_s, now)
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False
         self._stalled = False

@@ -1,7 +1,9 @@
 """The plain values that bound the client, built from the config by the container: the one home
 of every limit and of every limit derived from another.
 
-Every field is required: the defaults live in the config (`app.config`) and nowhere else.
+Every field is required: the defaults live in the config (`app.config`) and nowhere else. Times
+are seconds: the config's milliseconds are turned into them once, where the config is read
+(`app.container`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ STOP_WAIT_S: Final = 0.25
 class StreamLimits:
     """What bounds one stream (`domain.chat_stream`); every field is required."""
 
-    liveness_ms: int
+    liveness_s: float
     sse_line_bytes: int
     answer_bytes: int
     thinking_cap: int
@@ -45,25 +47,27 @@ class FetchLimits:
 
 @dataclass(frozen=True, slots=True)
 class ClientLimits:
-    """`poll_ms` … `idle_grace_ms` bound the wait for the response head (`domain.waiting`) and
-    the wait at the local slot gate (`busy_wait_ms`); `body_bytes` caps a body that is not a
-    stream and `error_body_bytes` what an `HttpError` keeps; `stream` bounds the stream itself."""
+    """`poll_s` … `idle_grace_s` (the config's `poll_ms` … `idle_grace_ms`) bound the wait for
+    the response head (`domain.waiting`) and the wait at the local slot gate (`busy_wait_s`);
+    `body_bytes` caps a body that is not a stream and `error_body_bytes` what an `HttpError`
+    keeps; `stream` bounds the stream itself."""
 
-    poll_ms: int
-    busy_wait_ms: int
-    load_wait_ms: int
-    idle_grace_ms: int
+    poll_s: float
+    busy_wait_s: float
+    load_wait_s: float
+    idle_grace_s: float
     body_bytes: int
     error_body_bytes: int
     stream: StreamLimits
 
     @property
     def liveness_s(self) -> float:
-        return self.stream.liveness_ms / 1000.0
+        return self.stream.liveness_s
 
     def info(self) -> FetchLimits:
         """`/props`, `/slots`, `/tokenize`: they may meet a router loading the model."""
-        return FetchLimits(self.load_wait_ms / 1000.0, self.liveness_s, self.body_bytes, self.error_body_bytes)
+        live = self.liveness_s
+        return FetchLimits(self.load_wait_s, live, self.body_bytes, self.error_body_bytes)
 
     def control(self) -> FetchLimits:
         """`reasoning_end`: made while the stream is not read, so it gets the liveness limit."""
@@ -83,11 +87,11 @@ class ClientLimits:
     @property
     def reattach_wait_s(self) -> float:
         """How long a re-attach may wait for its head: the server answers at once when it is up."""
-        return min(self.poll_ms / 1000.0, self.liveness_s)
+        return min(self.poll_s, self.liveness_s)
 
     def probe(self) -> FetchLimits:
         """The `/slots` probe: the head and the body each within one short timeout."""
-        timeout = min(self.poll_ms / 1000.0, PROBE_TIMEOUT_S)
+        timeout = min(self.poll_s, PROBE_TIMEOUT_S)
         return FetchLimits(timeout, timeout, self.body_bytes, self.error_body_bytes)
 
     def first_byte_wait(
@@ -97,18 +101,13 @@ class ClientLimits:
         the gate and what a wait for the model to load charged `before` it."""
         before = before or Charged()
         return FirstByteWait(
-            poll_ms=self.poll_ms,
-            busy_wait_ms=self.busy_wait_ms,
-            load_wait_ms=self.load_wait_ms,
-            idle_grace_ms=self.idle_grace_ms,
+            poll_s=self.poll_s,
+            busy_wait_s=self.busy_wait_s,
+            load_wait_s=self.load_wait_s,
+            idle_grace_s=self.idle_grace_s,
             sent_at=sent,
             slot=slot,
             queued_s=queued_s,
             loading_s=before.load_s,
             behind_s=before.behind_s,
         )
-
-    @property
-    def gate_wait_s(self) -> float:
-        """How long a caller may wait at the local slot gate before `WaitTimeout`."""
-        return self.busy_wait_ms / 1000.0

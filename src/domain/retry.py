@@ -1,19 +1,24 @@
 """Which failures are worth another attempt, and when to make it.
 
-The client loops: attempt -> on a failure `decide(attempt, error, elapsed_ms)` -> if `retry`,
-emit `Retrying(decision.attempt, decision.after_ms, str(error))`, sleep `after_ms` on its clock,
-go back through the slot gate and send the same bytes again; otherwise raise the error.
+The client loops: attempt -> on a failure `decide(attempt, error, elapsed_s)` -> if `retry`,
+emit `Retrying` (its `after_ms` the decision's `after_s`), sleep `after_s` on its clock, go back
+through the slot gate and send the same bytes again; otherwise raise the error.
+
+Times are seconds: the config's `delays_ms` and `total_ms` are turned into `delays_s` and
+`total_s` once, where the config is read (`app.container`); messages say milliseconds.
 
 Pinned where the brief is silent:
 - `attempt` passed in is the 1-based number of the attempt that just failed; the decision's
   `attempt` (and so `Retrying.attempt`) is the number of the attempt about to be made (2, 3, ...).
-- `elapsed_ms` is measured from the start of the first attempt and includes every attempt and
-  every wait. A retry is taken only if its wait ends strictly before `total_ms`
-  (`elapsed_ms + after_ms < total_ms`): a wait that would reach or cross the budget is not taken.
+- `elapsed_s` is measured from the start of the first attempt and includes every attempt and
+  every wait. A retry is taken only if its wait ends strictly before `total_s`
+  (`elapsed_s + after_s < total_s`, to within a nanosecond): a wait that would reach or cross
+  the budget is not taken.
   The next attempt's own duration cannot be known (a stream has no total deadline), so it is not
   required to fit; an attempt running when the budget ends is not cut short.
-- The jittered wait is `round(delay * (1 + u))` with `u` uniform in `[-jitter, +jitter]`, never
-  negative; the budget is checked against the jittered wait, the one actually slept.
+- The jittered wait is `delay * (1 + u)` rounded to the millisecond (what `Retrying.after_ms`
+  says), with `u` uniform in `[-jitter, +jitter]`, never negative; the budget is checked against
+  the jittered wait, the one actually slept.
 - If there are fewer delays than gaps between attempts, the last delay repeats.
 """
 
@@ -23,6 +28,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from domain.errors import InferError
+
+# Times are float seconds; a budget reached to within a nanosecond is reached.
+_EPS_S = 1e-9
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
 
 
 def is_retryable(err: InferError) -> bool:
@@ -42,11 +54,11 @@ class Uniform(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RetryDecision:
-    """`retry`: wait `after_ms`, then make attempt number `attempt`. Else `reason` says why not."""
+    """`retry`: wait `after_s`, then make attempt number `attempt`. Else `reason` says why not."""
 
     retry: bool
     attempt: int = 0
-    after_ms: int = 0
+    after_s: float = 0.0
     reason: str = ""
 
 
@@ -57,24 +69,24 @@ class RetryPolicy:
     `random.Random`, so clients restarted together do not retry in step."""
 
     attempts: int
-    delays_ms: tuple[int, ...]
+    delays_s: tuple[float, ...]
     jitter: float
-    total_ms: int
+    total_s: float
     rng: Uniform = field(compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError(f"attempts must be at least 1, not {self.attempts}")
-        if self.attempts > 1 and not self.delays_ms:
-            raise ValueError("delays_ms needs at least one delay when attempts > 1")
-        if any(d < 0 for d in self.delays_ms):
-            raise ValueError(f"delays_ms must not be negative: {self.delays_ms}")
+        if self.attempts > 1 and not self.delays_s:
+            raise ValueError("delays_s needs at least one delay when attempts > 1")
+        if any(d < 0 for d in self.delays_s):
+            raise ValueError(f"delays_s must not be negative: {self.delays_s}")
         if not 0.0 <= self.jitter < 1.0:
             raise ValueError(f"jitter must be in [0, 1), not {self.jitter}")
-        if self.total_ms <= 0:
-            raise ValueError(f"total_ms must be positive, not {self.total_ms}")
+        if self.total_s <= 0:
+            raise ValueError(f"total_s must be positive, not {self.total_s}")
 
-    def decide(self, attempt: int, error: InferError, elapsed_ms: float) -> RetryDecision:
+    def decide(self, attempt: int, error: InferError, elapsed_s: float) -> RetryDecision:
         """Whether to retry after attempt number `attempt` (1-based) failed with `error`."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, not {attempt}")
@@ -82,24 +94,21 @@ class RetryPolicy:
             return RetryDecision(False, reason=f"{type(error).__name__} is not retried")
         if attempt >= self.attempts:
             return RetryDecision(False, reason=f"all {self.attempts} attempts made")
-        delay = self.delays_ms[min(attempt - 1, len(self.delays_ms) - 1)]
+        delay = self.delays_s[min(attempt - 1, len(self.delays_s) - 1)]
         factor = 1.0 + self.rng.uniform(-self.jitter, self.jitter)
-        after_ms = max(0, round(delay * factor))
-        if elapsed_ms + after_ms >= self.total_ms:
-            return RetryDecision(
-                False,
-                reason=(
-                    f"a wait of {after_ms} ms after {elapsed_ms:.0f} ms would reach the {self.total_ms} ms retry budget"
-                ),
-            )
-        return RetryDecision(True, attempt=attempt + 1, after_ms=after_ms)
+        after_s = max(0.0, round(delay * factor, 3))
+        if elapsed_s + after_s >= self.total_s - _EPS_S:
+            wait = f"a wait of {_ms(after_s)} after {_ms(elapsed_s)}"
+            reason = f"{wait} would reach the {_ms(self.total_s)} retry budget"
+            return RetryDecision(False, reason=reason)
+        return RetryDecision(True, attempt=attempt + 1, after_s=after_s)
 
-    def waits_left_ms(self, attempt: int, elapsed_ms: float) -> int:
+    def waits_left_s(self, attempt: int, elapsed_s: float) -> float:
         """The longest the retries can still wait in all, before attempt number `attempt` is
-        made: every remaining delay at its largest jitter, never past `total_ms`."""
-        gaps = range(attempt - 1, self.attempts)
-        longest = sum(self.delays_ms[min(gap - 1, len(self.delays_ms) - 1)] for gap in gaps if gap >= 1)
-        return max(0, min(round(longest * (1.0 + self.jitter)), round(self.total_ms - elapsed_ms)))
+        made: every remaining delay at its largest jitter, never past `total_s`."""
+        delays, gaps = self.delays_s, range(max(attempt - 1, 1), self.attempts)
+        longest = sum(delays[min(gap - 1, len(delays) - 1)] for gap in gaps)
+        return max(0.0, min(longest * (1.0 + self.jitter), self.total_s - elapsed_s))
 
 
 class Attempts:
@@ -115,10 +124,10 @@ class Attempts:
 
     def next(self, error: InferError, now: float) -> RetryDecision:
         """The decision after the running attempt failed with `error`; a retry moves `number` on."""
-        decision = self.policy.decide(self.number, error, (now - self.started) * 1000.0)
+        decision = self.policy.decide(self.number, error, now - self.started)
         if decision.retry:
             self.number = decision.attempt
         return decision
 
-    def waits_left_ms(self, now: float) -> int:
-        return self.policy.waits_left_ms(self.number, (now - self.started) * 1000.0)
+    def waits_left_s(self, now: float) -> float:
+        return self.policy.waits_left_s(self.number, now - self.started)

@@ -1,6 +1,7 @@
 """How long a request may wait: before its first data event, and between data events after it.
 
-Both are pure state machines over times in seconds from a `Clock` (`now` values passed in).
+Both are pure state machines over times in seconds from a `Clock` (`now` values passed in); their
+limits are seconds too, and messages name them by their config keys, in milliseconds.
 
 **Before the first data event** (`FirstByteWait`). The caller reads with the timeout from
 `timeout(now)`; each time that runs out it asks the slot's state and calls `on_poll(now, state)`,
@@ -60,8 +61,8 @@ class WaitDecision:
 _EPS_S = 1e-9
 
 
-def _reached(charged_s: float, limit_ms: float) -> bool:
-    return charged_s >= limit_ms / 1000 - _EPS_S
+def _reached(charged_s: float, limit_s: float) -> bool:
+    return charged_s >= limit_s - _EPS_S
 
 
 def _ms(seconds: float) -> str:
@@ -70,7 +71,7 @@ def _ms(seconds: float) -> str:
 
 def _positive(name: str, value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of milliseconds, not {value!r}")
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return value
 
 
@@ -90,16 +91,16 @@ class Charged:
 
 class FirstByteWait:
     """The wait for the first data event of one request sent at `sent_at` (seconds), after
-    `queued_s` at this client's slot gate; the limits are in milliseconds and must be positive."""
+    `queued_s` at this client's slot gate; the limits are in seconds and must be positive."""
 
     __slots__ = (
         "_behind",
         "_busy",
-        "_busy_wait_ms",
+        "_busy_wait_s",
         "_idle",
-        "_idle_grace_ms",
+        "_idle_grace_s",
         "_last",
-        "_load_wait_ms",
+        "_load_wait_s",
         "_loading",
         "_poll_s",
         "_polls",
@@ -114,25 +115,25 @@ class FirstByteWait:
     def __init__(
         self,
         *,
-        poll_ms: float,
-        busy_wait_ms: float,
-        load_wait_ms: float,
-        idle_grace_ms: float,
+        poll_s: float,
+        busy_wait_s: float,
+        load_wait_s: float,
+        idle_grace_s: float,
         sent_at: float,
         slot: int | None = None,
         queued_s: float = 0.0,
         loading_s: float = 0.0,
         behind_s: float = 0.0,
     ) -> None:
-        self._poll_s = _positive("poll_ms", poll_ms) / 1000
-        self._busy_wait_ms = _positive("busy_wait_ms", busy_wait_ms)
-        self._load_wait_ms = _positive("load_wait_ms", load_wait_ms)
-        self._idle_grace_ms = _positive("idle_grace_ms", idle_grace_ms)
+        self._poll_s = _positive("poll_s", poll_s)
+        self._busy_wait_s = _positive("busy_wait_s", busy_wait_s)
+        self._load_wait_s = _positive("load_wait_s", load_wait_s)
+        self._idle_grace_s = _positive("idle_grace_s", idle_grace_s)
         self._sent_at = sent_at
         self._slot = slot
         self._last = sent_at
         # Time queued at this client's gate behind its own requests: the slot was busy then too,
-        # and `busy_wait_ms` bounds the two together.
+        # and `busy_wait_s` bounds the two together.
         self._queued = max(queued_s, 0.0)
         # Time this call already waited behind another model's work, before sending (busy too).
         self._behind = max(behind_s, 0.0)
@@ -201,11 +202,12 @@ class FirstByteWait:
             else:
                 self._behind += interval
                 event = Waiting(slot_busy=False, model=ModelWait.BEHIND)
-            if _reached(self._busy, self._busy_wait_ms):
+            if _reached(self._busy, self._busy_wait_s):
                 note = f"; {_ms(self._queued)} of it queued in this client" if self._queued else ""
                 if self._behind:
                     note += f"; {_ms(self._behind)} of it behind another model"
-                error = WaitTimeout(self._message("stayed busy", self._busy, self._busy_wait_ms, note))
+                text = self._message("stayed busy", self._busy, self._busy_wait_s, note)
+                error = WaitTimeout(text)
                 return WaitDecision(event, error)
             return WaitDecision(event)
         if state in _LOAD_STATES:
@@ -217,27 +219,28 @@ class FirstByteWait:
             else:
                 self._loading += interval
             event = Waiting(slot_busy=False, unresponsive=state is SlotState.UNRESPONSIVE, model=_MODEL.get(state))
-            if _reached(self._unavailable + self._unresponsive + self._loading, self._load_wait_ms):
+            if _reached(self._unavailable + self._unresponsive + self._loading, self._load_wait_s):
                 return WaitDecision(event, LoadTimeout(self._load_message()))
             return WaitDecision(event)
         event = Waiting(slot_busy=False)
         if state is SlotState.IDLE:
             self._idle += interval
-            if _reached(self._idle, self._idle_grace_ms):
-                text = self._message("was idle with no answer", self._idle, self._idle_grace_ms)
+            if _reached(self._idle, self._idle_grace_s):
+                text = self._message("was idle with no answer", self._idle, self._idle_grace_s)
                 return WaitDecision(event, Stalled(text))
             return WaitDecision(event)
         raise ValueError(f"unknown slot state {state!r}")
 
-    def _message(self, what: str, charged: float, limit_ms: float, note: str = "") -> str:
+    def _message(self, what: str, charged: float, limit_s: float, note: str = "") -> str:
         slot = "the slot" if self._slot is None else f"slot {self._slot}"
-        return f"{slot} {what} for {_ms(charged)} (limit {limit_ms:.0f} ms{note}); {self._sent()}"
+        return f"{slot} {what} for {_ms(charged)} (limit {_ms(limit_s)}{note}); {self._sent()}"
 
     def _load_message(self) -> str:
         """The load budget's message: as it always was when every such poll was unavailable;
         otherwise the time of each state it covers that was seen."""
         if not self._unresponsive_seen and not self._loading:
-            return self._message("was unavailable (loading or restarting)", self._unavailable, self._load_wait_ms)
+            what = "was unavailable (loading or restarting)"
+            return self._message(what, self._unavailable, self._load_wait_s)
         slot = "" if self._slot is None else f"slot {self._slot}: "
         parts = [f"the model was loading for {_ms(self._loading)}"] if self._loading else []
         if self._unresponsive_seen:
@@ -247,7 +250,8 @@ class FirstByteWait:
             )
         together = "them" if len(parts) > 1 else "the two"
         parts[-1] += f", unavailable for {_ms(self._unavailable)}"
-        return f"{slot}{'; '.join(parts)}; limit {self._load_wait_ms:.0f} ms for {together} together; {self._sent()}"
+        limit = f"limit {_ms(self._load_wait_s)} for {together} together"
+        return f"{slot}{'; '.join(parts)}; {limit}; {self._sent()}"
 
     def _sent(self) -> str:
         return f"no data {_ms(self._last - self._sent_at)} after sending, {self._polls} polls"
@@ -262,8 +266,8 @@ class Liveness:
 
     __slots__ = ("_last", "_limit")
 
-    def __init__(self, liveness_ms: float, now: float) -> None:
-        self._limit = _positive("liveness_ms", liveness_ms) / 1000
+    def __init__(self, liveness_s: float, now: float) -> None:
+        self._limit = _positive("liveness_s", liveness_s)
         self._last = now
 
     def on_data(self, now: float) -> None:
@@ -287,10 +291,10 @@ class Liveness:
         return Stalled(f"no data for {_ms(self.silence(now))} (liveness limit {_ms(self._limit)})")
 
 
-def gate_timeout(slot: int, busy_wait_ms: float) -> WaitTimeout:
-    """A caller queued at the local slot gate for all of `busy_wait_ms`: as long as a slot busy on
+def gate_timeout(slot: int, busy_wait_s: float) -> WaitTimeout:
+    """A caller queued at the local slot gate for all of `busy_wait_s`: as long as a slot busy on
     the server may keep it."""
     return WaitTimeout(
-        f"slot {slot} busy with this client's own requests for {_ms(busy_wait_ms / 1000)} "
-        f"(limit {busy_wait_ms:.0f} ms); nothing was sent"
+        f"slot {slot} busy with this client's own requests for {_ms(busy_wait_s)} "
+        f"(limit {_ms(busy_wait_s)}); nothing was sent"
     )

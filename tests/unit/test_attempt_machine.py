@@ -19,8 +19,9 @@ class Fixed(random.Random):
         return 0.0
 
 
-def machine(*, resend: bool = True, attempts: int = 4, total_ms: int = 60_000) -> AttemptMachine:
-    policy = RetryPolicy(attempts=attempts, delays_ms=(100, 200, 400), jitter=0.0, total_ms=total_ms, rng=Fixed())
+def machine(*, resend: bool = True, attempts: int = 4, total_s: float = 60.0) -> AttemptMachine:
+    schedule = {"delays_s": (0.1, 0.2, 0.4), "jitter": 0.0, "total_s": total_s}
+    policy = RetryPolicy(attempts=attempts, **schedule, rng=Fixed())  # type: ignore[arg-type]
     return AttemptMachine(Attempts(policy, 0.0), resend=resend)
 
 
@@ -104,7 +105,7 @@ def test_a_cut_past_the_last_attempt_is_raised_and_the_call_failed() -> None:
 
 
 def test_a_cut_whose_wait_would_pass_the_retry_total_is_raised() -> None:
-    m = at(Phase.STREAMING, total_ms=1000)
+    m = at(Phase.STREAMING, total_s=1.0)
 
     with pytest.raises(Stalled):
         m.cut_at(Stalled("silence"), now=0.95, offset=0)

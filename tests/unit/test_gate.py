@@ -1,4 +1,8 @@
-"""The slot gate: one request per slot, FIFO, bounded queue, released on every outcome."""
+"""The slot gate: one request per slot, FIFO, bounded queue, released on every outcome.
+
+Callers are threads that wait through `SlotQueue` on the system clock, as the client's call does
+(`hold` below takes the slot as `app._async.call` does: a `Queued` each time it moves up).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,39 @@ from functools import partial
 
 import pytest
 
+from adapters.system import SystemClock
+from app.slot_queue import SlotQueue
 from domain.cancel import CancelToken
 from domain.errors import Busy, Cancelled
 from domain.events import ChatEvent, Queued
 from domain.gate import SlotGate
+from ports.transport import TimedOut
 
 JOIN_S = 5.0
+
+
+@contextmanager
+def hold(
+    gate: SlotGate,
+    slot: int,
+    on_event: Callable[[ChatEvent], None],
+    cancel: CancelToken | None = None,
+) -> Iterator[None]:
+    """Hold `slot` for the `with` block, a `Queued` on entering the queue and each time the
+    waiter moves up; `Busy` at once if the queue is full; the ticket given back on every way out."""
+    queue = SlotQueue(gate, SystemClock())
+    ticket = queue.enter(slot)
+    try:
+        ahead = ticket.ahead
+        deadline = queue.clock.now() + 60.0
+        while ahead:
+            on_event(Queued(ahead))
+            moved = queue.wait(ticket, cancel or CancelToken(), deadline)
+            assert not isinstance(moved, TimedOut)
+            ahead = moved
+        yield
+    finally:
+        queue.leave(ticket)
 
 
 def until(predicate: Callable[[], bool], timeout: float = 2.0) -> None:
@@ -47,7 +78,7 @@ class Caller:
 
     def _run(self) -> None:
         try:
-            with self.gate.hold(self.slot, self._event):
+            with hold(self.gate, self.slot, self._event):
                 self.entered.set()
                 assert self.release.wait(JOIN_S)
         except BaseException as exc:
@@ -84,7 +115,7 @@ def holding(gate: SlotGate, running: list[Caller]) -> Caller:
 def test_free_slot_is_held_at_once_without_events() -> None:
     gate = SlotGate(8)
     events: list[ChatEvent] = []
-    with gate.hold(0, events.append):
+    with hold(gate, 0, events.append):
         assert gate.held(0)
     assert events == []
     assert not gate.held(0)
@@ -92,19 +123,19 @@ def test_free_slot_is_held_at_once_without_events() -> None:
 
 def test_slot_is_released_when_the_block_raises() -> None:
     gate = SlotGate(8)
-    with pytest.raises(RuntimeError), gate.hold(0, lambda e: None):
+    with pytest.raises(RuntimeError), hold(gate, 0, lambda e: None):
         raise RuntimeError("the request failed")
     assert not gate.held(0)
-    with gate.hold(0, lambda e: None):
+    with hold(gate, 0, lambda e: None):
         pass
 
 
 def test_zero_queue_refuses_any_second_caller_at_once() -> None:
     gate = SlotGate(0)
     with (
-        gate.hold(0, lambda e: None),
+        hold(gate, 0, lambda e: None),
         pytest.raises(Busy, match="slot 0 is busy: 0 requests already queued"),
-        gate.hold(0, lambda e: None),
+        hold(gate, 0, lambda e: None),
     ):
         pass
 
@@ -118,7 +149,7 @@ def test_full_queue_refuses_at_once_and_one_less_queues() -> None:
         until(lambda: gate.waiting(0) == 1)
         running.append(Caller(gate, 0, "q2").start())  # one under the limit: queues
         until(lambda: gate.waiting(0) == 2)
-        with pytest.raises(Busy) as info, gate.hold(0, lambda e: None):
+        with pytest.raises(Busy) as info, hold(gate, 0, lambda e: None):
             pass
         assert (info.value.slot, info.value.queued) == (0, 2)
     assert all(c.error is None for c in running)
@@ -283,7 +314,7 @@ def test_slot_handed_over_while_the_callback_raises_is_released() -> None:
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError):
         SlotGate(-1)
-    with pytest.raises(ValueError), SlotGate(1).hold(-1, lambda e: None):
+    with pytest.raises(ValueError), hold(SlotGate(1), -1, lambda e: None):
         pass
 
 
@@ -307,7 +338,7 @@ def test_sixteen_threads_never_share_a_slot_and_never_lose_a_waiter() -> None:
                 slot = rng.randrange(slots)
                 events: list[ChatEvent] = []
                 try:
-                    with gate.hold(slot, events.append):
+                    with hold(gate, slot, events.append):
                         with lock:
                             inside[slot] += 1
                             peak[slot] = max(peak[slot], inside[slot])
@@ -354,7 +385,7 @@ def test_sixteen_threads_with_a_small_queue_get_busy_and_leave_nothing_behind() 
         barrier.wait(JOIN_S)
         for _ in range(10):
             try:
-                with gate.hold(0, lambda e: None):
+                with hold(gate, 0, lambda e: None):
                     with lock:
                         inside += 1
                         peak = max(peak, inside)
@@ -393,7 +424,8 @@ def test_a_queue_size_that_is_not_an_integer_is_refused(queue_per_slot: object) 
 def test_a_slot_that_is_not_an_integer_is_refused_before_anything_is_held(slot: object) -> None:
     gate = SlotGate(1)
     events: list[ChatEvent] = []
-    with pytest.raises(ValueError, match="slot must be a non-negative integer"), gate.hold(slot, events.append):  # type: ignore[arg-type]
+    refused = pytest.raises(ValueError, match="slot must be a non-negative integer")
+    with refused, hold(gate, slot, events.append):  # type: ignore[arg-type]
         pass
     assert events == []
     assert not gate.held(0) and not gate.held(1)
@@ -401,7 +433,7 @@ def test_a_slot_that_is_not_an_integer_is_refused_before_anything_is_held(slot: 
 
 def test_a_slot_never_asked_for_is_free_with_nobody_waiting() -> None:
     gate = SlotGate(8)
-    with gate.hold(0, lambda e: None):
+    with hold(gate, 0, lambda e: None):
         assert (gate.held(3), gate.waiting(3)) == (False, 0)
     assert (gate.held(7), gate.waiting(7)) == (False, 0)
 
@@ -446,7 +478,7 @@ def test_a_slot_never_held_has_no_waiters_and_no_holder() -> None:
 
 def test_a_slot_held_and_released_has_no_waiters_left() -> None:
     gate = SlotGate(queue_per_slot=2)
-    with gate.hold(1, on_event=lambda event: None):
+    with hold(gate, 1, on_event=lambda event: None):
         assert gate.held(1)
         assert gate.waiting(1) == 0
     assert not gate.held(1)
@@ -454,21 +486,21 @@ def test_a_slot_held_and_released_has_no_waiters_left() -> None:
 
 
 class ObservedToken(CancelToken):
-    """A cancel token that signals when the gate first looks at it: the gate looks under its
-    lock right before it sleeps, so a cancel after that signal finds the waiter asleep."""
+    """A cancel token that signals when the queue first looks at it: the queue looks right
+    before it sleeps, so a cancel after that signal finds the waiter asleep or about to sleep."""
 
     def __init__(self) -> None:
         super().__init__()
         self.looked_at = threading.Event()
 
-    @property
-    def cancelled(self) -> bool:
+    def raise_if_cancelled(self) -> None:
         self.looked_at.set()
-        return super().cancelled
+        super().raise_if_cancelled()
 
 
 def test_a_waiter_asleep_in_the_queue_is_woken_by_a_cancel() -> None:
     gate = SlotGate(queue_per_slot=1)
+    queue = SlotQueue(gate, SystemClock())
     holder = gate.enter(0)
     waiter = gate.enter(0)
     token = ObservedToken()
@@ -476,7 +508,7 @@ def test_a_waiter_asleep_in_the_queue_is_woken_by_a_cancel() -> None:
 
     def wait() -> None:
         try:
-            gate.wait(waiter, token)
+            queue.wait(waiter, token, queue.clock.now() + 60.0)
         except Cancelled as exc:
             raised.append(exc)
         finally:
@@ -508,32 +540,32 @@ def test_a_ticket_that_holds_the_slot_at_once_has_no_one_ahead() -> None:
 
 
 class CancelledRightAfterTheLook(CancelToken):
-    """A token that is cancelled the moment the gate has looked at it and found it live: as a
-    signal handler cancelling it between that look and the wait would. Its wake-up finds no
-    waiter yet, so only another look sees the cancel."""
+    """A token that is cancelled the moment the queue has looked at it and found it live, as a
+    signal handler cancelling it between that look and the sleep would."""
 
     def __init__(self) -> None:
         super().__init__()
         self.looked = False
 
-    @property
-    def cancelled(self) -> bool:
-        live = not super().cancelled
+    def raise_if_cancelled(self) -> None:
+        live = not self.cancelled
+        super().raise_if_cancelled()
         if live and not self.looked:
             self.looked = True
             self.cancel()
-        return not live
 
 
-def test_a_cancel_whose_wake_up_found_no_waiter_yet_still_ends_the_wait_soon() -> None:
+def test_a_cancel_between_the_look_and_the_sleep_ends_the_wait_at_once() -> None:
     gate = SlotGate(queue_per_slot=4)
+    queue = SlotQueue(gate, SystemClock())
     holder = gate.enter(0)
     queued = gate.enter(0)
     token = CancelledRightAfterTheLook()
     started = time.monotonic()
     with pytest.raises(Cancelled):
-        gate.wait(queued, token, timeout=3.0)
+        queue.wait(queued, token, queue.clock.now() + 3.0)
     assert token.looked
-    assert time.monotonic() - started < 0.5  # the wait looks again every 50 ms, not after 3 s
+    # The sleep registers before it looks at the token, so the cancel is seen, not slept through.
+    assert time.monotonic() - started < 0.5
     gate.leave(queued)
     gate.leave(holder)

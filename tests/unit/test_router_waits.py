@@ -53,7 +53,7 @@ def test_a_503_or_a_starting_child_is_loading_and_other_refusals_cannot_say() ->
 
 
 def wait(**limits: float) -> FirstByteWait:
-    values = {"poll_ms": 100, "busy_wait_ms": 1000, "load_wait_ms": 300, "idle_grace_ms": 300, **limits}
+    values = {"poll_s": 0.1, "busy_wait_s": 1.0, "load_wait_s": 0.3, "idle_grace_s": 0.3, **limits}
     return FirstByteWait(sent_at=0.0, slot=0, **values)
 
 
@@ -82,7 +82,7 @@ def test_a_load_or_a_wake_is_charged_to_load_wait(state: SlotState, said: ModelW
 def test_a_load_before_sending_is_carried_into_the_wait_for_the_head() -> None:
     # No budget resets another: 250 ms of a load before sending leaves 50 ms of load_wait_ms.
     first_byte = FirstByteWait(
-        poll_ms=100, busy_wait_ms=1000, load_wait_ms=300, idle_grace_ms=300, sent_at=0.0, loading_s=0.25
+        poll_s=0.1, busy_wait_s=1.0, load_wait_s=0.3, idle_grace_s=0.3, sent_at=0.0, loading_s=0.25
     )
     assert isinstance(first_byte.on_poll(0.1, SlotState.LOADING).error, LoadTimeout)
 

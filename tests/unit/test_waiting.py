@@ -17,13 +17,18 @@ T0 = 1000.0  # an arbitrary clock origin: nothing assumes time starts at zero
 
 
 def wait(**limits: float) -> FirstByteWait:
-    values: dict[str, float] = {"poll_ms": 50, "busy_wait_ms": 200, "load_wait_ms": 150, "idle_grace_ms": 100}
+    values: dict[str, float] = {
+        "poll_s": 0.05,
+        "busy_wait_s": 0.2,
+        "load_wait_s": 0.15,
+        "idle_grace_s": 0.1,
+    }
     values.update(limits)
     return FirstByteWait(
-        poll_ms=values["poll_ms"],
-        busy_wait_ms=values["busy_wait_ms"],
-        load_wait_ms=values["load_wait_ms"],
-        idle_grace_ms=values["idle_grace_ms"],
+        poll_s=values["poll_s"],
+        busy_wait_s=values["busy_wait_s"],
+        load_wait_s=values["load_wait_s"],
+        idle_grace_s=values["idle_grace_s"],
         sent_at=T0,
         slot=0,
     )
@@ -64,7 +69,13 @@ def test_busy_one_ms_over_the_limit_is_a_wait_timeout_naming_the_times() -> None
 def test_time_queued_at_the_gate_counts_against_the_busy_budget_and_is_named() -> None:
     # 130 ms queued behind this client's own request, then busy on the server: one limit for both.
     w = FirstByteWait(
-        poll_ms=50, busy_wait_ms=200, load_wait_ms=150, idle_grace_ms=100, sent_at=T0, slot=0, queued_s=0.13
+        poll_s=0.05,
+        busy_wait_s=0.2,
+        load_wait_s=0.15,
+        idle_grace_s=0.1,
+        sent_at=T0,
+        slot=0,
+        queued_s=0.13,
     )
     first, second = polls(w, (50, BUSY), (100, BUSY))
     assert first.error is None
@@ -77,14 +88,20 @@ def test_time_queued_at_the_gate_counts_against_the_busy_budget_and_is_named() -
 
 def test_time_queued_is_no_busy_time_for_an_idle_or_unavailable_slot() -> None:
     w = FirstByteWait(
-        poll_ms=50, busy_wait_ms=200, load_wait_ms=150, idle_grace_ms=100, sent_at=T0, slot=0, queued_s=0.19
+        poll_s=0.05,
+        busy_wait_s=0.2,
+        load_wait_s=0.15,
+        idle_grace_s=0.1,
+        sent_at=T0,
+        slot=0,
+        queued_s=0.19,
     )
     assert [d.error for d in polls(w, (50, IDLE), (100, DOWN))] == [None, None]
     assert w.busy_s == pytest.approx(0.19)
 
 
 def test_busy_budget_summed_over_many_polls_is_reached_exactly() -> None:
-    w = wait(busy_wait_ms=600_000, poll_ms=5000)
+    w = wait(busy_wait_s=600.0, poll_s=5.0)
     out = [w.on_poll(T0 + 5.0 * i, BUSY) for i in range(1, 121)]
     assert all(d.error is None for d in out[:-1])
     assert isinstance(out[-1].error, WaitTimeout)
@@ -163,7 +180,7 @@ def test_an_unresponsive_poll_of_no_time_is_still_named() -> None:
 
 
 def test_the_unresponsive_message_of_a_wait_without_a_slot_number() -> None:
-    w = FirstByteWait(poll_ms=100, busy_wait_ms=1000, load_wait_ms=1000, idle_grace_ms=1000, sent_at=0.0)
+    w = FirstByteWait(poll_s=0.1, busy_wait_s=1.0, load_wait_s=1.0, idle_grace_s=1.0, sent_at=0.0)
     assert str(w.on_poll(1.0, HUNG).error) == (
         "the server accepted connections but answered nothing for 1000 ms (unresponsive: paused or stuck), "
         "unavailable for 0 ms; limit 1000 ms for the two together; no data 1000 ms after sending, 1 polls"
@@ -205,14 +222,14 @@ def test_stalls_when_slot_idle_and_silent_past_grace_over_several_polls() -> Non
 
 def test_busy_then_idle_then_busy_keeps_the_busy_time_already_spent() -> None:
     # 150 ms busy, 50 ms idle, then 50 ms busy: 200 ms busy in all is the limit.
-    out = polls(wait(idle_grace_ms=1000), (150, BUSY), (200, IDLE), (250, BUSY))
+    out = polls(wait(idle_grace_s=1.0), (150, BUSY), (200, IDLE), (250, BUSY))
     assert [d.error for d in out[:2]] == [None, None]
     assert isinstance(out[2].error, WaitTimeout)
 
 
 def test_idle_glimpses_between_busy_polls_add_up() -> None:
     # Pinned: idle time is cumulative too; two 50 ms idle polls reach a 100 ms grace.
-    out = polls(wait(busy_wait_ms=10_000), (50, IDLE), (100, BUSY), (150, IDLE))
+    out = polls(wait(busy_wait_s=10.0), (50, IDLE), (100, BUSY), (150, IDLE))
     assert out[1].error is None
     assert isinstance(out[2].error, Stalled)
 
@@ -256,7 +273,7 @@ def test_any_pattern_of_states_ends_within_the_sum_of_the_budgets(steps: list[tu
 
 
 def test_timeout_counts_down_to_the_next_poll_whatever_else_arrives() -> None:
-    w = wait(poll_ms=50)
+    w = wait(poll_s=0.05)
     assert w.timeout(T0) == pytest.approx(0.05)
     assert w.timeout(T0 + 0.03) == pytest.approx(0.02)  # a keep-alive at 30 ms does not move the poll
     assert w.timeout(T0 + 0.07) == 0.0
@@ -276,7 +293,7 @@ def test_unknown_state_is_refused() -> None:
         wait().on_poll(T0, "busy")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", ["poll_ms", "busy_wait_ms", "load_wait_ms", "idle_grace_ms"])
+@pytest.mark.parametrize("name", ["poll_s", "busy_wait_s", "load_wait_s", "idle_grace_s"])
 def test_limits_must_be_positive(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         wait(**{name: 0})
@@ -287,12 +304,12 @@ def test_limits_must_be_positive(name: str) -> None:
 
 @pytest.mark.parametrize(("silence_ms", "expired"), [(29_999, False), (30_000, True), (30_001, True)])
 def test_liveness_boundary(silence_ms: int, expired: bool) -> None:
-    live = Liveness(30_000, T0)
+    live = Liveness(30.0, T0)
     assert live.expired(T0 + silence_ms * MS) is expired
 
 
 def test_data_restarts_the_silence_timer() -> None:
-    live = Liveness(100, T0)
+    live = Liveness(0.1, T0)
     live.on_data(T0 + 0.09)
     assert not live.expired(T0 + 0.18)
     assert live.timeout(T0 + 0.18) == pytest.approx(0.01)
@@ -302,27 +319,27 @@ def test_data_restarts_the_silence_timer() -> None:
 
 def test_keep_alive_comments_restart_nothing() -> None:
     # The caller calls on_data only for data events: comments leave the deadline where it was.
-    live = Liveness(100, T0)
+    live = Liveness(0.1, T0)
     assert live.timeout(T0 + 0.06) == pytest.approx(0.04)
     assert live.expired(T0 + 0.1)
 
 
 def test_there_is_no_total_deadline() -> None:
-    live = Liveness(100, T0)
+    live = Liveness(0.1, T0)
     for i in range(1, 10_000):
         live.on_data(T0 + i * 0.099)
         assert not live.expired(T0 + i * 0.099 + 0.099)
 
 
 def test_stalled_error_names_the_silence() -> None:
-    live = Liveness(100, T0)
+    live = Liveness(0.1, T0)
     error = live.error(T0 + 0.125)
     assert isinstance(error, Stalled)
     assert str(error) == "no data for 125 ms (liveness limit 100 ms)"
 
 
 def test_liveness_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="liveness_ms"):
+    with pytest.raises(ValueError, match="liveness_s"):
         Liveness(0, T0)
 
 
@@ -362,10 +379,9 @@ def test_each_path_emits_one_waiting_per_poll_then_fails(states: list[SlotState]
 NANOSECOND = 1e-9
 
 
-def busy_wait(busy_wait_ms: float = 1000, slot: int | None = 0) -> FirstByteWait:
-    return FirstByteWait(
-        poll_ms=100, busy_wait_ms=busy_wait_ms, load_wait_ms=1000, idle_grace_ms=1000, sent_at=0.0, slot=slot
-    )
+def busy_wait(busy_wait_s: float = 1.0, slot: int | None = 0) -> FirstByteWait:
+    limits = {"poll_s": 0.1, "busy_wait_s": busy_wait_s, "load_wait_s": 1.0, "idle_grace_s": 1.0}
+    return FirstByteWait(**limits, sent_at=0.0, slot=slot)
 
 
 def test_a_budget_reached_to_within_a_nanosecond_is_reached() -> None:
@@ -396,31 +412,33 @@ def test_the_message_counts_every_poll() -> None:
 def test_a_liveness_limit_that_is_not_positive_is_refused_by_name() -> None:
     with pytest.raises(ValueError) as caught:
         Liveness(0, now=0.0)
-    assert str(caught.value) == "liveness_ms must be a positive number of milliseconds, not 0"
+    assert str(caught.value) == "liveness_s must be a positive number of seconds, not 0"
 
 
 def test_silence_reaching_the_liveness_limit_to_within_a_nanosecond_has_expired() -> None:
-    liveness = Liveness(1000, now=0.0)
+    liveness = Liveness(1.0, now=0.0)
     assert liveness.expired(1.0 - NANOSECOND)
     assert not liveness.expired(0.999)
 
 
 def test_the_liveness_read_timeout_is_zero_long_after_expiry_never_negative() -> None:
-    liveness = Liveness(1000, now=0.0)
+    liveness = Liveness(1.0, now=0.0)
     assert liveness.timeout(0.25) == pytest.approx(0.75)
     assert liveness.timeout(5.0) == 0.0
 
 
-@pytest.mark.parametrize("name", ["poll_ms", "busy_wait_ms", "load_wait_ms", "idle_grace_ms"])
+@pytest.mark.parametrize("name", ["poll_s", "busy_wait_s", "load_wait_s", "idle_grace_s"])
 @pytest.mark.parametrize("value", [0, -1, True, "5"])
 def test_a_wait_limit_that_is_not_a_positive_number_is_refused_by_name(name: str, value: object) -> None:
-    limits: dict[str, object] = {"poll_ms": 100, "busy_wait_ms": 1000, "load_wait_ms": 1000, "idle_grace_ms": 1000}
+    limits: dict[str, object] = {"poll_s": 0.1, "busy_wait_s": 1.0, "load_wait_s": 1.0}
+    limits["idle_grace_s"] = 1.0
     limits[name] = value
     with pytest.raises(ValueError) as caught:
         FirstByteWait(**limits, sent_at=0.0)  # type: ignore[arg-type]
-    assert str(caught.value) == f"{name} must be a positive number of milliseconds, not {value!r}"
+    assert str(caught.value) == f"{name} must be a positive number of seconds, not {value!r}"
 
 
 def test_a_wait_limit_of_under_one_millisecond_is_taken() -> None:
-    wait = FirstByteWait(poll_ms=0.5, busy_wait_ms=1, load_wait_ms=1, idle_grace_ms=1, sent_at=0.0)
+    ms = 0.001
+    wait = FirstByteWait(poll_s=ms / 2, busy_wait_s=ms, load_wait_s=ms, idle_grace_s=ms, sent_at=0)
     assert wait.timeout(0.0) == pytest.approx(0.0005)

@@ -84,7 +84,7 @@ class AsyncClient:
             transport=transport,
             probe=probe,
             clock=clock,
-            queue=AsyncSlotQueue(gate),
+            queue=AsyncSlotQueue(gate, clock),
             retry_policy=retry_policy,
             request_settings=request_settings,
             limits=limits,

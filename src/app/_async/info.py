@@ -124,7 +124,7 @@ class AsyncServerInfo:
         if self._total_slots is None:
             return None
         try:
-            return await self._transport.connect(self._limits.poll_ms / 1000.0, token)
+            return await self._transport.connect(self._limits.poll_s, token)
         except InferError:
             return None
 
@@ -138,7 +138,8 @@ class AsyncServerInfo:
         limits, clock, now = self._limits, self._clock, self._clock.now
         token.raise_if_cancelled()
         path = with_model(PROPS_PATH, self._settings.model)
-        exchange = await self._transport.open("GET", path, None, timeout=limits.poll_ms / 1000.0, cancel=token)
+        transport = self._transport
+        exchange = await transport.open("GET", path, None, timeout=limits.poll_s, cancel=token)
         try:
             wait = limits.first_byte_wait(now(), slot, before=charged)
             log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)

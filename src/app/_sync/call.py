@@ -259,7 +259,7 @@ class LlamaCalls:
         limits, conversation = self._limits, self._ids.take()
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
-            "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
+            "POST", CHAT_PATH, body, timeout=limits.poll_s, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         flight.sent = True
@@ -313,13 +313,13 @@ class LlamaCalls:
     def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
         """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
         queue, ahead = self._queue, ticket.ahead
-        deadline = queue.deadline(self._limits.gate_wait_s)
+        deadline = self._clock.now() + self._limits.busy_wait_s
         while ahead:
             log.debug("slot %d: queued, %d ahead", slot, ahead)
             yield Queued(ahead)
             moved = queue.wait(ticket, token, deadline)
             if isinstance(moved, TimedOut):
-                raise gate_timeout(slot, self._limits.busy_wait_ms)
+                raise gate_timeout(slot, self._limits.busy_wait_s)
             ahead = moved
 
     def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:

@@ -85,7 +85,7 @@ class Client:
             transport=transport,
             probe=probe,
             clock=clock,
-            queue=SlotQueue(gate),
+            queue=SlotQueue(gate, clock),
             retry_policy=retry_policy,
             request_settings=request_settings,
             limits=limits,

@@ -125,7 +125,7 @@ class ServerInfo:
         if self._total_slots is None:
             return None
         try:
-            return self._transport.connect(self._limits.poll_ms / 1000.0, token)
+            return self._transport.connect(self._limits.poll_s, token)
         except InferError:
             return None
 
@@ -139,7 +139,8 @@ class ServerInfo:
         limits, clock, now = self._limits, self._clock, self._clock.now
         token.raise_if_cancelled()
         path = with_model(PROPS_PATH, self._settings.model)
-        exchange = self._transport.open("GET", path, None, timeout=limits.poll_ms / 1000.0, cancel=token)
+        transport = self._transport
+        exchange = transport.open("GET", path, None, timeout=limits.poll_s, cancel=token)
         try:
             wait = limits.first_byte_wait(now(), slot, before=charged)
             log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)
