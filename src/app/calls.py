@@ -270,9 +270,9 @@ class AsyncInner:
 
     @staticmethod
     async def close(steps: AsyncGenerator[Any, None]) -> None:
-        if steps.ag_running or getattr(
-            asyncio.get_running_loop(), "_asyncgens_shutdown_called", False
-        ):  # type: ignore[attr-defined]
+        running: bool = steps.ag_running  # type: ignore[attr-defined]
+        loop = asyncio.get_running_loop()
+        if running or getattr(loop, "_asyncgens_shutdown_called", False):
             return
         await steps.aclose()
 
