@@ -2,9 +2,10 @@
 
 The parsing core of the one exchange (`adapters.uds_http._async.exchange` and its generated
 blocking twin), which owns the waits and the socket and nothing else, as h11 asks of its
-callers. h11 parses and validates the status line and headers (the head's size cap with it);
-`adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
-exchanges say the same thing for the same bytes.
+callers. h11 renders the request and parses and validates the response's status line and
+headers, the head's size cap with it: one grammar, h11's, both ways, so no hand-written copy of
+it can drift from what h11 accepts. `adapters.uds_http.body` de-frames the body. The wording of
+every error is here, so both exchanges say the same thing for the same bytes.
 
 The driving protocol:
 
@@ -20,24 +21,14 @@ Invariants:
   peer closed inside the head": `StreamClosedEarly`. Every other framing error is a
   `ProtocolError`; EOF inside a body is `StreamClosedEarly` saying where (the body reader's).
 - A head that was refused (too big, ambiguous framing) stays refused.
+- The head counts against `header_bytes` with every informational (1xx) head before it; the
+  body's bytes that came with it do not.
 - Nothing here reads a clock or a socket.
-- The first byte of an answer is what a user waits for, so the plain case skips h11 both ways,
-  with h11's own grammar and h11's answers. A request is rendered without h11 when its method,
-  target and extra headers pass the checks h11 makes and no extra header is one h11 treats
-  specially (`Host`, `Content-Length`, `Transfer-Encoding`): the bytes are then exactly h11's. A
-  response head is read without h11 when it is complete within the cap, every line ends in CRLF,
-  the status line and every header line match h11's grammar, the status is final (200 or more)
-  and its framing headers are unambiguous (one `Content-Length` of digits, or one
-  `Transfer-Encoding: chunked`): h11 would give that very head. Anything else, and every error,
-  is h11's: the bytes so far are handed to an h11 connection (made only then), which reads them
-  as it would have from the start, every split giving the same result. A head byte for byte
-  alike to the last one read so (llama-server's heads all are) is that same head, not read again.
 """
 
 from __future__ import annotations
 
 import errno
-import re
 from typing import TypeVar
 
 import h11
@@ -50,32 +41,12 @@ from ports.transport import Link, ResponseHead
 L = TypeVar("L")
 
 _NEED_DATA = h11.NEED_DATA
-# h11's own grammar (`h11._abnf`): a method and a header name are tokens, a target is visible
-# ASCII, a header value is field-content (no NUL, CR or LF, no whitespace at either end).
-_TOKEN = re.compile(r"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
-_TARGET = re.compile(r"[\x21-\x7e]+")
-_VALUE = re.compile(r"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?", re.ASCII)
-_SPECIAL = frozenset({"host", "content-length", "transfer-encoding"})
-# What passed `_plain` before: the last method and target, and header names (a few at most).
-_last_target: tuple[str, str] | None = None
-_plain_names: set[str] = set()
-_PLAIN_NAMES = 32
-_PLAIN_HEAD = re.compile(
-    rb"HTTP/1\.[01] [2-9][0-9]{2}(?: (?:[ \t]|[^\x00\s])*)?"  # h11's status line, a final status
-    rb"(?:\r\n[-!#$%&'*+.^_`|~0-9a-zA-Z]+:[ \t]*(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?[ \t]*)*"  # its header lines
-)
-_CONTENT_LENGTH_DIGITS = 20  # h11's cap on a Content-Length
-_H11 = object()  # `_plain_head`: the head is h11's to read
-# The last head read without h11: its bytes up to the blank line, and the head. llama-server
-# sends every answer's head byte for byte alike, so a head equal to the last is not read again
-# (the head is immutable; one tuple, replaced whole, so threads at most read a head anew).
-_last_plain: tuple[bytes, ResponseHead] | None = None
 
 
 class Request:
-    """A request rendered, ready to send; `connection()` then gives the h11 connection that
-    parses its response's head. `extra` is the headers given besides the request's own, which
-    `headers` lists whole."""
+    """A request rendered by h11, ready to send; `conn` is the h11 connection that sent it,
+    which parses its response's head. `extra` is the headers given besides the request's own,
+    which `headers` lists whole."""
 
     __slots__ = ("body", "conn", "data", "extra", "header_bytes", "method", "path", "what")
 
@@ -87,7 +58,7 @@ class Request:
         header_bytes: int,
         extra: tuple[tuple[str, str], ...],
         body: bytes | None,
-        conn: h11.Connection | None = None,  # h11's, when it rendered the request itself
+        conn: h11.Connection,
     ) -> None:
         self.method = method
         self.path = path
@@ -96,38 +67,34 @@ class Request:
         self.extra = extra
         self.body = body
         self.conn = conn
-        self.what = method + " " + (shown_target(path) if "?" in path else path)  # no secret in an error
+        # No secret in an error: a query string is shown without its values.
+        self.what = method + " " + (shown_target(path) if "?" in path else path)
 
     @property
     def headers(self) -> tuple[tuple[str, str], ...]:
-        """Every header sent, in order: `Host`, the extra ones, a body's type and length, `Connection`."""
+        """Every header sent, in order: `Host`, the extra ones, a body's type and length,
+        `Connection`."""
         return _fields(self.extra, self.body)
-
-    def connection(self) -> h11.Connection:
-        """An h11 client connection that has sent this request, ready to read the response."""
-        if self.conn is not None:
-            return self.conn
-        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=self.header_bytes)
-        _send_with_h11(conn, self.method, self.path, self.headers, self.body)
-        return conn
 
 
 def render(
-    method: str, path: str, body: bytes | None, header_bytes: int, extra: tuple[tuple[str, str], ...] = ()
+    method: str,
+    path: str,
+    body: bytes | None,
+    header_bytes: int,
+    extra: tuple[tuple[str, str], ...] = (),
 ) -> Request:
     """The request's bytes (`Host`, the `extra` headers, a JSON body's type and length,
     `Connection: close`). A malformed method, path or header is the caller's bug: `ValueError`."""
-    if not _plain(method, path, extra):
-        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
-        data = _send_with_h11(conn, method, path, _fields(extra, body), body)
-        return Request(method, path, data, header_bytes, extra, body, conn)
-    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
-    for name, value in extra:
-        head += f"{name}: {value}\r\n"
-    if body is None:
-        return Request(method, path, (head + "Connection: close\r\n\r\n").encode("ascii"), header_bytes, extra, body)
-    head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    return Request(method, path, head.encode("ascii") + body, header_bytes, extra, body)
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=header_bytes)
+    try:
+        out = conn.send(h11.Request(method=method, target=path, headers=list(_fields(extra, body))))
+        if body:
+            out += conn.send(h11.Data(data=body))
+        out += conn.send(h11.EndOfMessage())
+    except h11.LocalProtocolError as exc:
+        raise ValueError(f"cannot send {method!r} {path!r}: {exc}") from exc
+    return Request(method, path, bytes(out), header_bytes, extra, body, conn)
 
 
 def _fields(extra: tuple[tuple[str, str], ...], body: bytes | None) -> tuple[tuple[str, str], ...]:
@@ -156,7 +123,8 @@ def render_for(
     try:
         request = render(method, path, body, header_bytes, extra)
         if link is not None and not isinstance(link, kind):
-            raise TypeError(f"{type(owner).__name__} sends on its own connections, not on a {type(link).__name__}")
+            owner_kind, link_kind = type(owner).__name__, type(link).__name__
+            raise TypeError(f"{owner_kind} sends on its own connections, not on a {link_kind}")
     except BaseException:
         if link is not None:
             link.close()
@@ -164,65 +132,13 @@ def render_for(
     return request, link if isinstance(link, kind) else None
 
 
-def _plain(method: str, path: str, extra: tuple[tuple[str, str], ...]) -> bool:
-    """Whether h11 would send these as they are, with nothing to refuse or rewrite. A method
-    and target alike to the last ones that passed, and a header name that passed before, are
-    not checked again (a chat's are always the same)."""
-    global _last_target
-    if (method, path) != _last_target:
-        if not (method.isascii() and path.isascii() and _TOKEN.fullmatch(method) and _TARGET.fullmatch(path)):
-            return False
-        _last_target = (method, path)
-    for name, value in extra:
-        # (letters and digits, as a conversation id, pass without the regular expression)
-        if not (isinstance(name, str) and isinstance(value, str) and value.isascii()):
-            return False
-        if not value.isalnum() and not _VALUE.fullmatch(value):
-            return False
-        if name not in _plain_names:
-            if not (name.isascii() and _TOKEN.fullmatch(name)) or name.lower() in _SPECIAL:
-                return False
-            if len(_plain_names) < _PLAIN_NAMES:
-                _plain_names.add(name)
-    return True
-
-
-def _send_with_h11(
-    conn: h11.Connection, method: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes | None
-) -> bytes:
-    try:
-        out = conn.send(h11.Request(method=method, target=path, headers=list(headers)))
-        if body:
-            out += conn.send(h11.Data(data=body))
-        out += conn.send(h11.EndOfMessage())
-    except h11.LocalProtocolError as exc:
-        raise ValueError(f"cannot send {method!r} {path!r}: {exc}") from exc
-    return bytes(out)
-
-
 class ResponseParser:
     """The response to `request` (see the module for the driving protocol)."""
 
-    __slots__ = (
-        "_buffer",
-        "_conn",
-        "_fed",
-        "_header_bytes",
-        "_method",
-        "_request",
-        "_searched",
-        "body",
-        "eof",
-        "head",
-        "what",
-    )
+    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "body", "eof", "head", "what")
 
-    def __init__(self, request: Request, *, plain: bool = True) -> None:
-        """`plain=False` has h11 read every head (the tests compare the two)."""
-        self._request: Request | None = request if plain else None  # while the head may be read without h11
-        self._buffer = bytearray()  # the head's bytes so far, while it is
-        self._searched = 0  # where the search for the blank line goes on from
-        self._conn: h11.Connection | None = None if plain else request.connection()
+    def __init__(self, request: Request) -> None:
+        self._conn: h11.Connection | None = request.conn  # None once h11 is done with the head
         self._method = request.method.upper()
         self._header_bytes = request.header_bytes
         self._fed = 0  # bytes received while reading the head
@@ -244,24 +160,17 @@ class ResponseParser:
             else:
                 body.eof()
             return
-        self._fed += len(data)
-        if self._request is not None:
-            self._buffer += data
-            return
         conn = self._conn
         if conn is None:  # pragma: no cover - `next_head` refuses first
             raise ProtocolError(f"{self.what}: response head already refused")
+        self._fed += len(data)
         conn.receive_data(data)
 
     def next_head(self) -> ResponseHead | None:
         """The status and headers once they are complete; None while more bytes are needed."""
         if self.head is not None:
             return self.head
-        if self._request is not None:
-            plain = self._plain_head()
-            if plain is not _H11:
-                return plain  # type: ignore[return-value]
-        conn = self._conn if self._request is None else self._to_h11()
+        conn = self._conn
         if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
             raise ProtocolError(f"{self.what}: response head already refused")
         while True:
@@ -272,60 +181,17 @@ class ResponseParser:
             if event is _NEED_DATA:
                 return None
             if type(event) is h11.Response:
-                return self._take_head(event)
+                return self._take_head(conn, event)
             if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
-                raise ProtocolError(f"{self.what}: unexpected {type(event).__name__} before the head")
+                kind = type(event).__name__
+                raise ProtocolError(f"{self.what}: unexpected {kind} before the head")
             read = self._fed - len(conn.trailing_data[0])  # the 1xx heads count against the cap
             if read > self._header_bytes:
                 self._conn = None
                 raise ProtocolError(
-                    f"{self.what}: {read} bytes of informational (1xx) responses and no response head:"
-                    f" over the {self._header_bytes}-byte limit"
+                    f"{self.what}: {read} bytes of informational (1xx) responses and no response"
+                    f" head: over the {self._header_bytes}-byte limit"
                 )
-
-    def _to_h11(self) -> h11.Connection:
-        """Hand the head's bytes so far (and the EOF, if it came) to h11, to read from now on."""
-        assert self._request is not None
-        conn = self._conn = self._request.connection()
-        self._request = None
-        if self._buffer:
-            conn.receive_data(bytes(self._buffer))
-        if self.eof:
-            conn.receive_data(b"")
-        self._buffer = bytearray()
-        return conn
-
-    def _plain_head(self) -> ResponseHead | object | None:
-        """The head read without h11 (see the module), None while more bytes are needed, or
-        `_H11` when the bytes are h11's to read."""
-        buf = self._buffer
-        if buf and buf[0] < 0x21:  # h11 refuses it at once
-            return _H11
-        end = _blank_line_end(buf, self._searched)
-        if end < 0:
-            # h11 refuses an unfinished head over the cap at once; at EOF, h11 says how it ended.
-            if self.eof or len(buf) > self._header_bytes:
-                return _H11
-            self._searched = max(0, len(buf) - 2)
-            return None
-        # Where h11 ends the head too: the first blank line, here the CRLF kind only.
-        if end > self._header_bytes or buf[end - 4 : end] != b"\r\n\r\n":
-            return _H11
-        block = bytes(buf[: end - 4])
-        global _last_plain
-        last = _last_plain
-        if last is not None and last[0] == block:
-            head = last[1]  # the very bytes of the last head read: the same head
-        else:
-            read = _read_plain(block)
-            if read is None:
-                return _H11
-            head = read
-            _last_plain = (block, head)
-        self._request = None
-        unread = bytes(buf[end:])
-        self._buffer = bytearray()
-        return self._head_of(block[5:8], head, unread, end)
 
     # -- the wording of failures ------------------------------------------------------------------
 
@@ -351,29 +217,23 @@ class ResponseParser:
 
     # -- the head -------------------------------------------------------------------------------
 
-    def _take_head(self, event: h11.Response) -> ResponseHead:
-        conn = self._conn
-        assert conn is not None
+    def _take_head(self, conn: h11.Connection, event: h11.Response) -> ResponseHead:
         self._conn = None  # h11 is done either way: the body is read by a body reader
         unread, closed = conn.trailing_data
-        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers)
-        head = self._head_of(
-            event.http_version, ResponseHead(event.status_code, headers), unread, self._fed - len(unread)
-        )
-        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
-            assert self.body is not None
-            self.body.eof()
-        return head
-
-    def _head_of(self, version: bytes, head: ResponseHead, unread: bytes, size: int) -> ResponseHead:
-        if size > self._header_bytes:
-            raise ProtocolError(
-                f"{self.what}: response head of {size} bytes is over the {self._header_bytes}-byte limit"
-            )
-        if version not in (b"1.1", b"1.0"):
-            raise ProtocolError(f"{self.what}: unsupported HTTP version {version.decode()!r}")
+        size = self._fed - len(unread)
+        if size > self._header_bytes:  # h11 caps only a head still incomplete
+            over = f"over the {self._header_bytes}-byte limit"
+            raise ProtocolError(f"{self.what}: response head of {size} bytes is {over}")
+        if event.http_version not in (b"1.1", b"1.0"):
+            version = event.http_version.decode()
+            raise ProtocolError(f"{self.what}: unsupported HTTP version {version!r}")
+        fields = event.headers
+        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in fields)
+        head = ResponseHead(event.status_code, headers)
         self.body = self._body_reader(head, unread)
         self.head = head
+        if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
+            self.body.eof()
         return head
 
     def _body_reader(self, head: ResponseHead, buffered: bytes) -> BodyReader:
@@ -388,62 +248,30 @@ class ResponseParser:
             if length is not None:
                 # RFC 9112 lets Transfer-Encoding win, but the pair is the shape of a smuggling
                 # or splitting attempt and no honest server sends it: refuse it.
-                raise ProtocolError(f"{self.what}: response has both Transfer-Encoding and Content-Length")
+                both = "both Transfer-Encoding and Content-Length"
+                raise ProtocolError(f"{self.what}: response has {both}")
             return ChunkedBody(self.what, self._header_bytes, buffered)
         if length is not None:
             return LengthBody(self.what, int(length), buffered)
         return BodyReader(self.what, buffered)
 
     def _head_error(self, exc: h11.RemoteProtocolError) -> Exception:
+        what = self.what
         if self.eof:
             if self._fed == 0:
-                return StreamClosedEarly(f"{self.what}: connection closed before any response byte: {_DOWN}")
-            return StreamClosedEarly(f"{self.what}: connection closed inside the response head after {self._fed} bytes")
+                where = f"before any response byte: {_DOWN}"
+            else:
+                where = f"inside the response head after {self._fed} bytes"
+            return StreamClosedEarly(f"{what}: connection closed {where}")
         if str(exc) == "Receive buffer too long":
-            return ProtocolError(f"{self.what}: response head over the {self._header_bytes}-byte limit")
-        return ProtocolError(f"{self.what}: malformed response head: {exc}")
-
-
-def _blank_line_end(buf: bytearray, start: int) -> int:
-    """Where the first blank line from `start` ends (`\n\n` or `\n\r\n`, as h11 ends a head),
-    or -1: two `find`s, so that no regular expression runs on the way to the first token (where,
-    after an idle spell, every step costs several times its warm cost)."""
-    bare, crlf = buf.find(b"\n\n", start), buf.find(b"\n\r\n", start)
-    if bare < 0:
-        return crlf + 3 if crlf >= 0 else -1
-    return bare + 2 if crlf < 0 or bare < crlf else crlf + 3
-
-
-def _read_plain(block: bytes) -> ResponseHead | None:
-    """The head whose bytes up to its blank line are `block`, when h11 would read it so (see
-    the module); None when it is h11's to read."""
-    # One match holds the whole head to h11's grammar (a final status, HTTP/1.0 or 1.1, CRLF lines).
-    if _PLAIN_HEAD.fullmatch(block) is None:
-        return None
-    headers: list[tuple[str, str]] = []
-    framing = 0
-    for line in block.split(b"\r\n")[1:]:
-        raw_name, _, raw_value = line.partition(b":")
-        name = raw_name.lower()
-        value = raw_value.strip(b" \t")
-        if name == b"content-length":
-            framing += 1
-            if not value.isdigit() or len(value) > _CONTENT_LENGTH_DIGITS:
-                return None
-        elif name == b"transfer-encoding":
-            framing += 1
-            value = value.lower()
-            if value != b"chunked":
-                return None
-        headers.append((name.decode("ascii"), value.decode("latin-1")))
-    if framing > 1:
-        return None
-    return ResponseHead(int(block[9:12]), tuple(headers))
+            return ProtocolError(f"{what}: response head over the {self._header_bytes}-byte limit")
+        return ProtocolError(f"{what}: malformed response head: {exc}")
 
 
 _DOWN = (
     "the server behind the socket is down or restarting, or a proxy refused the connection"
-    " (inferproxy closes what it cannot forward, and a connection over its limits: its log says which)"
+    " (inferproxy closes what it cannot forward, and a connection over its limits: its log says"
+    " which)"
 )
 
 
@@ -453,8 +281,8 @@ def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
 
 def write_failed(request: Request, peer: str, exc: OSError) -> StreamClosedEarly:
     return StreamClosedEarly(
-        f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)}),"
-        f" before any response byte: {_DOWN}"
+        f"{request.what}: connection to {peer} closed while the request was written"
+        f" ({reason(exc)}), before any response byte: {_DOWN}"
     )
 
 
