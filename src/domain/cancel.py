@@ -58,9 +58,8 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._event: SignalSafeEvent | None = (
-            None  # made by the first wait that needs it: most calls never do
-        )
+        # Made by the first wait that needs it: most calls never do.
+        self._event: SignalSafeEvent | None = None
         self._wakes: OrderedDict[int, Wake] = OrderedDict()
         # The mark: empty until cancelled. The first error appended is the token's; a cancel
         # nested between another's look and its append may add one more, never a first.
