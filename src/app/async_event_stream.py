@@ -95,7 +95,8 @@ class AsyncEventStream(Facade):
             except StopAsyncIteration:  # closed by the end of the event loop it began on
                 await self._end()
                 raise RuntimeError(
-                    "the call ended without a completion: the end of the event loop it began on closed it"
+                    "the call ended without a completion:"
+                    " the end of the event loop it began on closed it"
                 ) from None
             except BaseException:
                 await link.absorb()
@@ -125,9 +126,8 @@ class AsyncEventStream(Facade):
         link = self._link
         if self._over or self._closed_from_elsewhere(_stepping(self._steps)):
             return
-        if (
-            link is None or _running_loop() is not link.loop
-        ):  # never started, or another loop's call
+        if link is None or _running_loop() is not link.loop:
+            # Never started, or another loop's call.
             await self._end()
             return
         self._over = True
@@ -209,9 +209,8 @@ class _Loop:
 
     def __init__(self, stream: AsyncEventStream) -> None:
         self._stream = stream
-        self._asked = (
-            False  # a loop dropped before it asked for a step ends nothing (as a generator)
-        )
+        # A loop dropped before it asked for a step ends nothing (as a generator).
+        self._asked = False
         self._done = False  # finished by `run`, which awaited the end
         self._refused = stream._looping > 0  # a second loop: it touches nothing
         if not self._refused:

@@ -119,9 +119,8 @@ class _Registry:
         closing = CLOSING.set(budget)
         try:
             cancel_all(tokens, ClientClosed("the client was closed while the call ran"))
-            for (
-                end
-            ) in budget.later:  # after every wake-up: no call waiting inside I/O waits for them
+            # After every wake-up: no call waiting inside I/O waits for them.
+            for end in budget.later:
                 with contextlib.suppress(Exception):
                     end()
         finally:
@@ -270,9 +269,8 @@ class AsyncInner:
 
     @staticmethod
     async def close(steps: AsyncGenerator[Any, None]) -> None:
-        running: bool = steps.ag_running  # type: ignore[attr-defined]
-        loop = asyncio.get_running_loop()
-        if running or getattr(loop, "_asyncgens_shutdown_called", False):
+        running = steps.ag_running  # type: ignore[attr-defined]
+        if running or getattr(asyncio.get_running_loop(), "_asyncgens_shutdown_called", False):
             return
         await steps.aclose()
 

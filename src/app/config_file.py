@@ -77,7 +77,8 @@ def _check_regular(path: Path, info: os.stat_result) -> None:
         raise ConfigError(f"{path}: is {_file_kind(info.st_mode)}, not a regular file")
     if info.st_size > CONFIG_FILE_BYTES:
         raise ConfigError(
-            f"{path}: config file is {info.st_size} bytes, over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)"
+            f"{path}: config file is {info.st_size} bytes,"
+            f" over the cap of {CONFIG_FILE_BYTES} bytes (1 MiB)"
         )
 
 

@@ -199,9 +199,8 @@ class EventStream(Facade):
                 if len(ending) > 1 and wait:  # another end: awaited
                     with lock:
                         return
-                if (
-                    cut is not None
-                ):  # a step in another thread (or an end): cancelled, its loop raises it
+                if cut is not None:
+                    # A step in another thread (or an end): cancelled, its loop raises it.
                     self._token.cancel(cut)
                 return
             try:

@@ -109,8 +109,8 @@ def run(config: Config, client: Client, emit: Callable[[str], None] = print) -> 
     report.seconds = time.monotonic() - started
     passed = sum(r.ok for r in report.results)
     emit(
-        f"{'ok  ' if report.ok else 'FAIL'} selftest: {passed}/3 checks passed in {report.seconds:.1f} s, "
-        f"{report.tokens} tokens"
+        f"{'ok  ' if report.ok else 'FAIL'} selftest:"
+        f" {passed}/3 checks passed in {report.seconds:.1f} s, {report.tokens} tokens"
     )
     return report
 
@@ -143,8 +143,8 @@ def expect_toml(props: Props) -> str:
 
 def print_expect(client: Client, config_path: str | None = None) -> int:
     """Print `expect_toml` of the live server on stdout (exit 0); a failure is one `FAIL` line on
-    stderr (exit 1), so that stdout can be appended to a config file as it is: after a line break
-    first if the file at `config_path` does not end with one (the block would join its last line)."""
+    stderr (exit 1), so stdout can be appended to a config file as it is: after a line break first
+    if the file at `config_path` does not end with one (the block would join its last line)."""
     try:
         props = client.props(load=True)
     except Exception as exc:  # one line, never a traceback
@@ -174,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     from app import __version__
 
     parser = argparse.ArgumentParser(prog="loopd-selftest", description="The three startup checks.")
-    # `--version` answers and exits 0 while the arguments are read, before `--config` is found missing.
+    # `--version` answers (exit 0) while the arguments are read, before `--config` is found missing.
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", required=True, help="path to config.toml")
     parser.add_argument(
         "--print-expect",
         action="store_true",
-        help="print the [expect] block that matches the live server, run no check ([expect] not needed)",
+        help=(
+            "print the [expect] block that matches the live server, run no check"
+            " ([expect] not needed)"
+        ),
     )
     args = parser.parse_args(argv)
     say = _say_error if args.print_expect else _say
@@ -188,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         if config.expect is None and not args.print_expect:
             raise ConfigError(
-                f"{args.config}: the self-test needs an [expect] section (chat_template_sha256, n_ctx, total_slots)"
+                f"{args.config}: the self-test needs an [expect] section"
+                " (chat_template_sha256, n_ctx, total_slots)"
             )
     except ConfigError as exc:
         say(f"FAIL config: {one_line(str(exc))}")

@@ -164,8 +164,8 @@ def check_tool_call(target: Target) -> CheckResult:
         return CheckResult(
             "tool call",
             False,
-            f"no {TOOL.name} call (calls: {names}; finish_reason {completion.finish_reason.value}; {content})"
-            + hint,
+            f"no {TOOL.name} call (calls: {names};"
+            f" finish_reason {completion.finish_reason.value}; {content})" + hint,
             tokens,
         )
     try:
@@ -193,8 +193,8 @@ def check_tool_call(target: Target) -> CheckResult:
     return CheckResult(
         "tool call",
         True,
-        f"{TOOL.name}({one_line(calls[0].arguments, ARGUMENTS_SHOWN)}) parsed, finish_reason tool_calls, "
-        f"{tokens} tokens",
+        f"{TOOL.name}({one_line(calls[0].arguments, ARGUMENTS_SHOWN)}) parsed,"
+        f" finish_reason tool_calls, {tokens} tokens",
         tokens,
     )
 
@@ -253,8 +253,9 @@ def check_cache(target: Target) -> CheckResult:
         return CheckResult(
             "cache",
             False,
-            f"turn 1 left only {left} tokens in the slot, too few for the check to mean anything: it needs "
-            f"more than {floor} (twice the loss limit {loss}), or a turn 2 that reused half of them would pass",
+            f"turn 1 left only {left} tokens in the slot, too few for the check to mean anything:"
+            f" it needs more than {floor} (twice the loss limit {loss}),"
+            " or a turn 2 that reused half of them would pass",
             tokens,
         )
     if other:
@@ -264,8 +265,8 @@ def check_cache(target: Target) -> CheckResult:
             return CheckResult(
                 "cache",
                 False,
-                f"the request on slot {OTHER_SLOT} between the two turns failed, so turn 2 was not sent: "
-                + describe_error(exc),
+                f"the request on slot {OTHER_SLOT} between the two turns failed,"
+                " so turn 2 was not sent: " + describe_error(exc),
                 tokens,
             )
     turn2 = [*turn1, first.message(), UserMessage(TURN2_PROMPT)]
@@ -280,7 +281,8 @@ def check_cache(target: Target) -> CheckResult:
         else f"loss limit {loss}; one slot, so no request on another slot"
     )
     after = f" after a request on slot {OTHER_SLOT}" if other else ""
-    detail = f"turn 2 reused {outcome.cached} of {outcome.expected} tokens ({limit}){after}, {tokens} tokens"
+    reused = f"turn 2 reused {outcome.cached} of {outcome.expected} tokens"
+    detail = f"{reused} ({limit}){after}, {tokens} tokens"
     if outcome.lost and other:
         detail += f"; {UNIFIED_HINT}"
     return CheckResult("cache", not outcome.lost, detail, tokens)

@@ -43,7 +43,10 @@ def check_sink(on_event: object) -> None:
         raise RequestError(_AWAITABLE_SINK)
 
 
-_AWAITABLE_SINK = "on_event must be a plain function: it is called with each event and nothing awaits what it returns"
+_AWAITABLE_SINK = (
+    "on_event must be a plain function:"
+    " it is called with each event and nothing awaits what it returns"
+)
 
 
 def emit(on_event: Callable[[ChatEvent], object], event: ChatEvent) -> None:

@@ -1,41 +1,37 @@
 """Folds the decoded chunks of one chat-completions stream into events and one `Completion`.
-Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed`, which returns
-its events; `result` gives the `Completion` once the final chunk has been seen.
+Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed`, which returns its
+events; `result` gives the `Completion` once the final chunk (with a `finish_reason`) has been seen.
 
 Invariants:
-- A chunk's events come in this order: `Progress` (its top-level `prompt_progress`), then
-  `Reasoning`, `Content`, `ToolCallDelta`s. Role-only and empty deltas, and `choices: []`, yield
-  nothing.
-- Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries
-  them (a different later value is a `ProtocolError`); `arguments` pieces are concatenated.
+- A chunk's events come in order: `Progress` (its top-level `prompt_progress`), `Reasoning`,
+  `Content`, `ToolCallDelta`s; role-only and empty deltas and `choices: []` yield none.
+- Tool-call deltas merge by `index`: `id` and `name` are set by the first delta that carries them (a
+  different later value is a `ProtocolError`); `arguments` pieces are concatenated.
 - `timings` are the latest seen. `reasoning_tokens` never falls and is at least both the latest
-  reasoning chunk's `timings.predicted_n` (less the tokens the content took before it: reasoning
-  after an answer began counts its own) and the number of chunks with reasoning text, so a
-  stuck or missing `predicted_n` cannot hold the thinking cap off. A delta that carries both
-  reasoning and an answer's text (or a tool call) counts its new tokens as reasoning: the cap
-  errs on the side of holding. `reasoned` says whether the last chunk carried reasoning text,
-  whatever else it carried (content, a tool call, the `finish_reason`): the cap is checked on
-  every such chunk. `in_reasoning` is true from a reasoning delta until a content or tool-call
-  delta or the final chunk; it says where the thinking block gave way to the answer.
-- `advanced` says whether the last chunk moved the generation on (the liveness rule): new text,
-  a tool call's first name, a `prompt_progress` whose `processed` grew (up to its first `total`
-  and `max_prompt_tokens`, a bound the client knows), a `predicted_n` that grew (up to
-  `max_predicted`), or the final chunk; never a role-only or empty delta, `{}`, `choices: []`, a
-  repeated progress or an id alone, exactly like a keep-alive comment.
+  reasoning chunk's `timings.predicted_n` (less the tokens content took before it: reasoning after
+  an answer began counts its own) and the count of chunks with reasoning text, so a stuck or missing
+  `predicted_n` cannot hold the thinking cap off. A delta with reasoning and answer text (or a tool
+  call) counts its new tokens as reasoning: the cap errs toward holding. `reasoned` says if the last
+  chunk carried reasoning text, whatever else it carried: the cap is checked on every such chunk.
+  `in_reasoning` holds from a reasoning delta to a content or tool-call delta or the final chunk.
+- `advanced` says if the last chunk moved generation on (the liveness rule): new text, a tool call's
+  first name, a `prompt_progress` whose `processed` grew (up to its first `total` and
+  `max_prompt_tokens`, a bound the client knows), a `predicted_n` that grew (up to `max_predicted`),
+  or the final chunk; never a role-only or empty delta, `{}`, `choices: []`, a repeated progress or
+  an id alone, just like a keep-alive comment.
 - At most `PIECES_PER_TOKEN` chunks that grow the answer per token of `max_predicted`, plus
-  `PIECES_SLACK`; one more is a `ProtocolError`. llama-server sends a chunk per change a token
-  makes (its reasoning, its content, each tool call it touches), so an honest stream never nears
-  it, and text cannot keep a call alive past the tokens it asked for (one character each
-  `liveness_ms` would otherwise go on for `answer_bytes` of them).
-- The answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes) is capped
-  at `max_answer_bytes`, tool-call indexes at `max_tool_calls`; past either, `ProtocolError`.
-  Streamed text is kept as UTF-8 in one growing buffer each, never as an object per delta.
-- Every chunk that carries an `id` carries the first one's: another is another generation (a
-  re-attach answered with some other stream), a `ProtocolError`. Counts (`timings`' and
-  `prompt_progress`') are non-negative integers, as llama-server's all are.
-- An error chunk raises `HttpError(code, the chunk as JSON)`; a malformed one `ProtocolError`;
-  after either, the assembler refuses input. `result` before the final chunk (the one with a
-  `finish_reason`) raises `StreamClosedEarly`.
+  `PIECES_SLACK`; one more is a `ProtocolError`. llama-server sends a chunk per change a token makes
+  (its reasoning, its content, each tool call it touches), so an honest stream never nears it, and
+  text cannot keep a call alive past the tokens it asked for (one character each `liveness_ms` would
+  otherwise go on for `answer_bytes` of them).
+- The answer (content, reasoning, tool-call ids, names and arguments, in UTF-8 bytes) is capped at
+  `max_answer_bytes`, tool-call indexes at `max_tool_calls`; past either, `ProtocolError`. Streamed
+  text is kept as UTF-8 in one growing buffer each, never as an object per delta.
+- Every chunk with an `id` carries the first one's: another is another generation (a re-attach
+  answered with some other stream), a `ProtocolError`. Counts (`timings`' and `prompt_progress`')
+  are non-negative integers, as llama-server's all are.
+- An error chunk raises `HttpError(code, the chunk as JSON)`, a malformed one `ProtocolError`; then
+  the assembler refuses input. `result` before the final chunk raises `StreamClosedEarly`.
 
 `feed` runs once per token, so it avoids validation libraries and allocates only the events.
 """
@@ -67,7 +63,7 @@ def _int_field(data: dict[str, Any], key: str, where: str) -> int:
 
 class Assembler:
     """State of one stream. Read `completion_id`, `reasoning_tokens`, `reasoned`, `in_reasoning`,
-    `advanced` and `finished` between chunks; they are plain attributes for speed, not to be assigned.
+    `advanced` and `finished` between chunks; plain attributes for speed, not to be assigned.
 
     `max_answer_bytes` caps the assembled answer, `max_tool_calls` the number of tool calls;
     `max_predicted` bounds the `predicted_n` that still counts as progress (the request's
@@ -165,7 +161,8 @@ class Assembler:
                 raise ProtocolError(f"chunk {self._chunks} has id {shown(cid)}, not a string")
             if self.completion_id is not None:  # a replay of another generation, spliced in
                 raise ProtocolError(
-                    f"chunk {self._chunks} has id {shown(cid)}, not the stream's {self.completion_id!r}"
+                    f"chunk {self._chunks} has id {shown(cid)},"
+                    f" not the stream's {self.completion_id!r}"
                 )
             if cid:
                 self.completion_id = cid
@@ -208,7 +205,8 @@ class Assembler:
                 self._pieces += 1
                 if self._pieces > self._max_pieces:
                     raise ProtocolError(
-                        f"the answer grew in {self._pieces} chunks, more than max_tokens={self._max_predicted} allows"
+                        f"the answer grew in {self._pieces} chunks,"
+                        f" more than max_tokens={self._max_predicted} allows"
                         f" ({PIECES_PER_TOKEN} a token, plus {PIECES_SLACK})"
                     )
         reason = choice.get("finish_reason")
@@ -299,7 +297,8 @@ class Assembler:
     def _past_cap(self) -> ProtocolError:
         limit = self._max_answer
         return ProtocolError(
-            f"the answer grew past the {limit}-byte limit (answer_bytes) after {self._chunks} chunks"
+            f"the answer grew past the {limit}-byte limit (answer_bytes)"
+            f" after {self._chunks} chunks"
         )
 
     @property
@@ -322,7 +321,8 @@ class Assembler:
             raise ProtocolError(f"no result: the stream failed ({self._failed})")
         if self._finish is None:
             raise StreamClosedEarly(
-                f"the stream ended before its final chunk (no finish_reason after {self._chunks} chunks)"
+                "the stream ended before its final chunk"
+                f" (no finish_reason after {self._chunks} chunks)"
             )
         calls = self._tools.result()
         return Completion(

@@ -62,7 +62,8 @@ class WholeBody:
         """A read's result; True once the body ended (`b""`)."""
         if isinstance(piece, TimedOut):
             raise Stalled(
-                f"{self._what}: body incomplete after {self._timeout * 1000:.0f} ms ({self._total} bytes read)"
+                f"{self._what}: body incomplete after {self._timeout * 1000:.0f} ms"
+                f" ({self._total} bytes read)"
             )
         if not piece:
             return True

@@ -1,46 +1,41 @@
 """Cancelling a call from another thread, or from a signal handler.
 
-`CancelToken()` is handed to a call (`client.chat(req, on_event, cancel=token)`); `token.cancel()`
-from any thread ends that call in whatever phase it is: queued at the slot gate, waiting for
-the response head, streaming, posting `reasoning_end`, or waiting to retry.
-`cancel_all(tokens)` cancels many calls at once, in two phases (below).
+`CancelToken()` goes to a call (`client.chat(req, on_event, cancel=token)`); `token.cancel()`, from
+any thread, ends it in any phase: queued at the slot gate, waiting for the head, streaming, posting
+`reasoning_end`, or waiting to retry. `cancel_all(tokens)` cancels many in two phases.
 
 Invariants:
-- `cancel()` is idempotent, safe from any thread and from a signal handler, never raises
-  because of what it wakes, and returns only after every registered wake-up has run (see below
-  for a cancel that finds another under way): by then every connection the call had open is
-  shut, so a blocked read returns at once and the server stops generating.
+- `cancel()` is idempotent, safe from any thread or signal handler, never raises because of what it
+  wakes, and returns only once every registered wake-up has run (but see below): by then every
+  connection of the call is shut, so a blocked read returns at once and the server stops generating.
 - A wake-up registered after the cancel runs at once, in the registering thread, so a call that
   starts a phase after the cancel sees it without waiting.
-- The token only says "stop"; the call decides what it means in each phase and raises
-  `Cancelled` (or `ClientClosed` when the client was closed).
-- A cancel marks the token first (`cancelled`, `raise_if_cancelled`, `event`) and runs its
-  wake-ups after, so a wake-up always finds its token cancelled. `cancel_all` marks every token
-  before it runs any wake-up: a wake-up that lets another call go on (releasing a slot hands it
-  to the next call in the queue) cannot let a call that is being cancelled send its request.
+- The token only says "stop"; the call decides what it means in each phase and raises `Cancelled`
+  (`ClientClosed` if the client was closed).
+- A cancel marks the token first (`cancelled`, `raise_if_cancelled`, `event`) and runs its wake-ups
+  after, so a wake-up always finds its token cancelled. `cancel_all` marks every token before it
+  runs any wake-up: a wake-up that lets another call go on (releasing a slot hands it to the next
+  call in the queue) cannot let a call being cancelled send its request.
 
 Re-entrancy (a cancel from a signal handler, `signal.signal(SIGINT, lambda *_: token.cancel())`):
-Python runs the handler in the main thread between two bytecodes of whatever it was doing, which
-may be this token's own `on_cancel`, unlink function, `cancel`, or a wait on its `event`.
-- The locks here are re-entrant and are held only around a look and one step on a table (one
-  dict, set or list operation, atomic in itself), never while a wake-up runs or another lock is
-  taken. So a nested cancel never waits for its own thread, and one that waits for another
-  thread's step waits for a step that cannot block.
-- Every decision is one such step, so a nested cancel lands wholly before or wholly after it:
-  the first error recorded is the token's error for good; a wake-up runs only in the hands of
-  whoever takes it out of the table, a cancel or its own registration, so it runs exactly once;
-  a registration stores its wake-up before it looks at the mark and a cancel sets the mark
-  before it empties the table, so one of the two always sees the other and no wake-up is lost.
-- An unlink takes its wake-up out of the table: once it returns the wake-up never runs, unless
-  a cancel took it out first (it has started running it). A later cancel finds nothing.
-- A cancel that finds another one under way (in another thread, or the one its handler
-  interrupted) does not wait for the wake-ups that one has taken out of the table: it runs the
-  rest and returns. The same holds for a wake-up that a registration which found the token
-  cancelled has taken out: the interrupted code runs it as soon as the handler returns.
-- `event` is a `threading.Event` whose `set()` may interrupt its own `wait()` in the same
-  thread without deadlock or a lost wake-up (a waiter registers before it looks at the flag).
-- The wake-ups run where the cancel runs: from a signal handler, in the main thread, wherever
-  it was interrupted. A wake-up must not wait there for a lock the main thread may hold.
+Python runs the handler in the main thread between two bytecodes of what it was doing: maybe this
+token's own `on_cancel`, unlink function, `cancel`, or a wait on its `event`.
+- The locks are re-entrant, held only around a look and one step on a table (one dict, set or list
+  operation, atomic in itself), never while a wake-up runs or another lock is taken: a nested cancel
+  never waits for its own thread, and another thread's step, which it may wait for, cannot block.
+- Every decision is one such step, so a nested cancel lands wholly before or after it: the first
+  error recorded stays the token's; a wake-up is run only by whoever takes it out of the table (a
+  cancel or its own registration), so exactly once; a registration stores its wake-up before reading
+  the mark, a cancel marks before emptying the table, so one always sees the other: none is lost.
+- An unlink takes its wake-up out of the table: once it returns the wake-up never runs, unless a
+  cancel took it out first (it has started running it). A later cancel finds nothing.
+- A cancel that finds another under way (in another thread, or the one it interrupted) does not wait
+  for the wake-ups that one took out: it runs the rest and returns. Likewise, a wake-up that a
+  registration finding the token cancelled took out runs in the interrupted code as it resumes.
+- `event` is a `threading.Event` whose `set()` may interrupt its own `wait()` in the same thread
+  without deadlock or a lost wake-up (a waiter registers before it looks at the flag).
+- The wake-ups run where the cancel runs: from a signal handler, in the main thread, wherever it was
+  interrupted. A wake-up must not wait there for a lock the main thread may hold.
 """
 
 from __future__ import annotations
@@ -63,9 +58,8 @@ class CancelToken:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._event: SignalSafeEvent | None = (
-            None  # made by the first wait that needs it: most calls never do
-        )
+        # Made by the first wait that needs it: most calls never do.
+        self._event: SignalSafeEvent | None = None
         self._wakes: OrderedDict[int, Wake] = OrderedDict()
         # The mark: empty until cancelled. The first error appended is the token's; a cancel
         # nested between another's look and its append may add one more, never a first.

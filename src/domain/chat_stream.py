@@ -164,7 +164,7 @@ class ChatStream:
     def replay(self, consumed: int) -> tuple[int, bytes]:
         """Where a re-attach asks for the body from, `consumed` bytes of it read (less what a
         replay under way had still to repeat), and what its replay must begin with: the last
-        `REPLAY_OVERLAP_BYTES` fed, across reads (fewer only when fewer came), given to `resumed`."""
+        `REPLAY_OVERLAP_BYTES` fed, across reads (fewer only if fewer came), given to `resumed`."""
         tail = self._last[-REPLAY_OVERLAP_BYTES:]
         return consumed + len(self._overlap) - len(tail), tail
 
@@ -279,7 +279,7 @@ class ChatStream:
         return advanced
 
     def _thinking(self, out: list[Step]) -> bool:
-        """Apply the thinking cap after a chunk that carried reasoning; True if it ended the stream."""
+        """Apply the thinking cap after a chunk with reasoning; True if it ended the stream."""
         assembler = self._assembler
         action = self._cap.observe(assembler.reasoning_tokens, assembler.reasoned)
         if action is Action.POST_REASONING_END:

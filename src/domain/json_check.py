@@ -69,7 +69,8 @@ class _Walk:
         if isinstance(value, int):
             if not INT64_MIN <= value <= UINT64_MAX:
                 raise RequestError(
-                    f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX}, not {shown(value)}"
+                    f"{where} must be an integer from {INT64_MIN} to {UINT64_MAX},"
+                    f" not {shown(value)}"
                 )
             return value
         if isinstance(value, float):

@@ -1,7 +1,6 @@
 """llama-server's HTTP API in one place: its paths, its query, the small request bodies, what a
-chat answer's head must say, and the parsing of its JSON answers.
-
-Pure: bytes in, typed values out. The adapters move the bytes; this module decides what they mean.
+chat answer's head must say, and the parsing of its JSON answers. Pure: bytes in, typed values
+out; the adapters move the bytes, this module decides what they mean.
 
 Invariants:
 - Every JSON answer goes through one parser (`loads`, orjson) with one set of rules: valid UTF-8,
@@ -9,8 +8,8 @@ Invariants:
   `ProtocolError`, never `RecursionError`, `UnicodeError` or `ValueError`.
 - Types are exact: a bool is not an integer (`type(x) is int`), an integer too large for 64 bits
   arrives as a float and is refused, a count is never negative.
-- Every error names the endpoint and the path of the field (`/slots[2].is_processing`) and what
-  was found there, cut to a readable length.
+- Every error names the endpoint, the field's path (`/slots[2].is_processing`) and what was found
+  there, cut to a readable length.
 - The slot probe's reading (`slot_state`) is lenient by design: any answer it cannot read means
   the server cannot say, `UNAVAILABLE`; the caller-facing readers (`parse_*`) are strict.
 """
@@ -52,8 +51,7 @@ CONVERSATION_HEADER: Final = "X-Conversation-Id"
 # Answers to a re-attach that mean the body cannot be had from there: the server restarted or
 # forgot the id, or has no replay at all (404); the offset fell out of the ring (400).
 REATTACH_REFUSED: Final = frozenset({400, 404})
-# An answer that means "not now": the server is loading (or restarting), and a later re-attach may
-# get the stream, or its 404.
+# "Not now": the server is loading (or restarting); a later re-attach may get the stream, or 404.
 REATTACH_LATER: Final = frozenset({503})
 
 _UNRESERVED: Final = frozenset(
@@ -70,7 +68,7 @@ def with_model(path: str, model: str, *, autoload: bool = True) -> str:
 
 
 def no_autoload(path: str) -> str:
-    """`path` (a POST's, which names the model in its body) that a router never loads a model for."""
+    """`path` (a POST's, which names the model in its body) that a router loads no model for."""
     return f"{path}{'&' if '?' in path else '?'}{NO_AUTOLOAD}"
 
 
@@ -83,7 +81,8 @@ def reattach_later(status: int) -> StreamClosedEarly | None:
     if status not in REATTACH_LATER:
         return None
     return StreamClosedEarly(
-        f"GET {STREAM_PATH}: the server answered {status} (loading or restarting): not picked up yet"
+        f"GET {STREAM_PATH}: the server answered {status} (loading or restarting):"
+        " not picked up yet"
     )
 
 
@@ -114,13 +113,8 @@ def shown_target(path: str) -> str:
     base, sep, query = path.partition("?")
     if "conv_id=" not in query:
         return path
-    return (
-        base
-        + sep
-        + "&".join(
-            "conv_id=..." if part.startswith("conv_id=") else part for part in query.split("&")
-        )
-    )
+    parts = ("conv_id=..." if part.startswith("conv_id=") else part for part in query.split("&"))
+    return base + sep + "&".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +174,8 @@ def _count(
     """`obj[key]`, a count; `most` bounds what llama-server keeps in an int32 (slots, contexts,
     token ids), so a larger one is not its number and would wrap when sent back."""
     value = obj.get(key)
-    if (
-        type(value) is not int
-        or value < (1 if positive else 0)
-        or (most is not None and value > most)
-    ):
+    least = 1 if positive else 0
+    if type(value) is not int or value < least or (most is not None and value > most):
         need = "a positive integer" if positive else "a non-negative integer"
         quoted = "missing" if key not in obj else shown(value)
         raise ProtocolError(
@@ -206,16 +197,13 @@ def parse_props(raw: bytes) -> Props:
     if type(template) is not str:
         quoted = "missing" if "chat_template" not in data else shown(template)
         raise ProtocolError(f"{where}.chat_template is {quoted}, not a string")
-    settings = _object(
-        data.get("default_generation_settings"), f"{where}.default_generation_settings"
-    )
+    defaults = f"{where}.default_generation_settings"
+    settings = _object(data.get("default_generation_settings"), defaults)
     return Props(
         chat_template=template,
         chat_template_sha256=sha256(template.encode("utf-8")).hex(),
         total_slots=_count(data, "total_slots", where, positive=True, most=INT32_MAX),
-        n_ctx=_count(
-            settings, "n_ctx", f"{where}.default_generation_settings", positive=True, most=INT32_MAX
-        ),
+        n_ctx=_count(settings, "n_ctx", defaults, positive=True, most=INT32_MAX),
         model_alias=_opt_str(data, "model_alias"),
         model_path=_opt_str(data, "model_path"),
     )
@@ -250,9 +238,7 @@ def parse_tokens(raw: bytes) -> list[Token]:
         if type(piece) is str:
             try:
                 data_bytes = piece.encode("utf-8")
-            except (
-                UnicodeEncodeError
-            ) as exc:  # pragma: no cover - the parser refuses lone surrogates
+            except UnicodeEncodeError as exc:  # pragma: no cover - `loads` refuses lone surrogates
                 raise ProtocolError(f"{path}.piece is not valid text") from exc
             out.append(Token(token_id, piece, data_bytes))
         elif type(piece) is list and all(type(b) is int and 0 <= b <= 255 for b in piece):

@@ -65,7 +65,7 @@ def tools_to_openai(tools: Sequence[ToolSchema]) -> list[dict[str, Any]]:
 
 
 def _json_object(value: object, where: str, kind: type[Exception]) -> dict[str, Any]:
-    """A copy of a JSON Schema object, held to `domain.json_check`'s rule; `kind` if it breaks it."""
+    """A copy of a JSON Schema object held to `domain.json_check`'s rule; `kind` if it breaks it."""
     if not isinstance(value, Mapping):
         raise kind(f"{where}: must be a JSON Schema object (a dict), not {type(value).__name__}")
     try:

@@ -205,10 +205,12 @@ def checked_prefill(value: object, *, thinking: bool, last: object) -> str | Non
     valid_text(value, "prefill")
     if thinking:
         raise RequestError(
-            "prefill cannot be combined with thinking: llama-server refuses an assistant prefill then"
+            "prefill cannot be combined with thinking:"
+            " llama-server refuses an assistant prefill then"
         )
     if isinstance(last, AssistantMessage):
         raise RequestError(
-            "prefill cannot follow an assistant message: llama-server refuses two assistant messages at the end"
+            "prefill cannot follow an assistant message:"
+            " llama-server refuses two assistant messages at the end"
         )
     return value

@@ -3,9 +3,8 @@
 Follows the WHATWG event-stream algorithm, specialised to what a chat-completions stream needs.
 
 Invariants:
-- Lines end only at CR, LF or CRLF in the bytes, never at U+2028 or the other characters
-  `str.splitlines` splits on. A CR that ends one feed and an LF that starts the next are one line
-  end (`_cr_pending`).
+- Lines end only at CR, LF or CRLF in the bytes, never at U+2028 or others `str.splitlines` splits
+  on. A CR that ends one feed and an LF that starts the next are one line end (`_cr_pending`).
 - Only complete lines are decoded. A line end is ASCII and cannot occur inside a multi-byte UTF-8
   sequence, so a character split across feeds is always whole by the time its line is decoded.
 - `_tail` holds the incomplete last line; it never contains CR or LF. A feed that does not end
@@ -20,8 +19,7 @@ Invariants:
 - An event is dispatched only at its blank line. At EOF an undispatched event or line is dropped
   (as the spec says) and `partial_event` records that there was one.
 - `[DONE]` is recognised only as the exact data of a dispatched event. After it the decoder is
-  finished: later bytes are ignored without being parsed, so the result does not depend on what
-  a server sends after its end marker.
+  finished: later bytes are ignored unparsed, so what follows the end marker cannot sway the result.
 - Failure is sticky: once a feed has failed, every later call raises. Events completed earlier in
   the same feed are returned first and the error is raised by the next call (`feed(b"")` asks at
   once; `clean` is False meanwhile), so those events do not depend on how the bytes were split.
@@ -118,8 +116,7 @@ class SseDecoder:
 
     def feed(self, data: bytes) -> list[SseEvent]:
         if self.clean:
-            # Fast path: whole one-line `data: ...` events, as llama-server writes its chunks (the
-            # first holds two). Anything else (or invalid UTF-8) takes the general path below.
+            # Fast path: whole one-line `data: ` events, as llama-server writes them (two at first).
             n = len(data)
             if data[:6] == b"data: " and data[n - 2 :] == b"\n\n" and b"\r" not in data:
                 if data.find(b"\n") != n - 2:
@@ -175,9 +172,8 @@ class SseDecoder:
             if end:
                 self._lines(data, end, out)
             if len(tail) > self._max_line and not self._done:
-                raise ProtocolError(
-                    f"SSE line over {self._max_line} bytes (still unterminated at {len(tail)} bytes)"
-                )
+                over = f"SSE line over {self._max_line} bytes"
+                raise ProtocolError(f"{over} (still unterminated at {len(tail)} bytes)")
         except (ProtocolError, HttpError) as exc:
             self._failure = exc
             self.clean = False
@@ -256,9 +252,8 @@ class SseDecoder:
                         return
                 continue
             stop = data.find(b"\n", pos) + 1  # past this line
-            if (
-                stop < end and data[stop] != 10
-            ):  # more lines follow it: the run, at once if it may be
+            # More lines follow this one: the run, at once if it may be.
+            if stop < end and data[stop] != 10:
                 stop = _run_end(data, pos, end)
                 if event.block(data, pos, stop):
                     pos = stop
@@ -303,8 +298,7 @@ class SseDecoder:
             self._data.line(b"")
             return
         _text(name, "field name")
-        # event:, id:, retry: and unknown fields carry nothing a chat stream uses: ignored, as the
-        # spec says for unknown fields.
+        # Ignored, as the spec says of unknown fields: event:, id: and retry: carry nothing we use.
 
 
 def _run_end(data: bytes, pos: int, end: int) -> int:
@@ -322,9 +316,9 @@ def _text(raw: bytes, what: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ProtocolError(
-            f"SSE {what} is not valid UTF-8 at byte {exc.start}: {raw[max(0, exc.start - 8) : exc.end + 8]!r}"
-        ) from exc
+        around = raw[max(0, exc.start - 8) : exc.end + 8]
+        message = f"SSE {what} is not valid UTF-8 at byte {exc.start}: {around!r}"
+        raise ProtocolError(message) from exc
 
 
 def _error_from_text(text: str) -> HttpError:

@@ -9,9 +9,9 @@ Invariants:
   object per line, never a copy of what came before.
 - A run of complete `data:` lines is taken at once (`block`) when every line of it is one and the
   event stays within its caps with them: a few passes of bytes methods over the run, nothing per
-  line in Python, so an event of many short lines costs about what one long line does. Anything else,
-  and a run in which a cap is passed, is taken line by line (`line`), so a cap fails at the line
-  that passes it, as it would have however the bytes were split.
+  line in Python, so an event of many short lines costs about what one long line does. Anything
+  else, and a run in which a cap is passed, is taken line by line (`line`), so a cap fails at the
+  line that passes it, as it would have however the bytes were split.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class EventData:
         if not data.startswith(b"data:", pos):
             return False
         last = stop - 1
-        # The lines after the first (`find` first: it is far faster than `count` over one long line).
+        # The lines after the first (`find` first: far faster than `count` over one long line).
         more = data.count(b"\n", pos, last) if data.find(b"\n", pos, last) >= 0 else 0
         if more and data.count(b"\ndata:", pos, last) != more:
             return False

@@ -12,9 +12,7 @@ class SlotState(enum.Enum):
     BUSY = "busy"  # the slot is processing another request: ours is queued behind it
     IDLE = "idle"  # the slot is free: our request should be running
     UNAVAILABLE = "unavailable"  # no answer we can trust: refused, 503 (loading), a cut, malformed
-    UNRESPONSIVE = (
-        "unresponsive"  # accepted the connection, answered nothing in time: paused or stuck
-    )
+    UNRESPONSIVE = "unresponsive"  # connected, but answered nothing in time: paused or stuck
     # A llama-server router's answers for the model a request names:
     LOADING = "loading"  # the server is loading the model (a router's child starting, or 503)
     ASLEEP = "asleep"  # the model sleeps (`--sleep-idle-seconds`); a request wakes it

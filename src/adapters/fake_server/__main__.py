@@ -1,6 +1,7 @@
-"""Serve a recorded llama-server response on a Unix socket, for trying a client against it.
+r"""Serve a recorded llama-server response on a Unix socket, for trying a client against it.
 
-    python -m adapters.fake_server --socket /tmp/llama.sock --transcript tests/fixtures/transcripts/plain/response.raw
+    python -m adapters.fake_server --socket /tmp/llama.sock \
+        --transcript tests/fixtures/transcripts/plain_answer
 
 `--transcript` is a raw HTTP response (`response.raw`) or a transcript folder holding one. It is
 served verbatim for every `POST` to `--path`, paced by `--delay-ms` between the pieces llama-server

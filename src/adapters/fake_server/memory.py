@@ -231,7 +231,8 @@ class ScriptedTransport:
     def _refuse(self) -> None:
         if self.refusing:
             raise ConnectError(
-                f"cannot connect to {self.socket_path}: connection refused (nobody is listening on the socket)"
+                f"cannot connect to {self.socket_path}: connection refused"
+                " (nobody is listening on the socket)"
             )
 
 

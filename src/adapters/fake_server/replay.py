@@ -9,11 +9,10 @@ id, so that a client can re-attach to it after a cut.
 What the real server does (its `server-stream.cpp`): a `POST` with `X-Conversation-Id` keeps the
 de-chunked response body under that id; `GET /v1/stream?conv_id=ID&from=N` answers 200 with the
 body from byte N, 404 for an id it does not know, 400 for an offset it no longer holds; `DELETE`
-answers 204 and forgets the id. Here the first `POST` is cut after `cut_after`
-body bytes (`cut` says how; later requests are not cut), each re-attach is answered from the whole body (cut again after
-`reattach_cut` bytes if that is set; from `skew` bytes off its `from`, a faulty server, if that is
-set), `forget()` plays a server restart, and `dropped` the bytes
-that fell out of the ring.
+answers 204 and forgets the id. Here the first `POST` is cut after `cut_after` body bytes (`cut`
+says how; later requests are not cut), each re-attach is answered from the whole body (cut again
+after `reattach_cut` bytes if that is set; from `skew` bytes off its `from`, a faulty server, if
+that is set), `forget()` plays a server restart, and `dropped` the bytes that fell out of the ring.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ class FakeServer:
             raise _ClientGone
 
     def _pause(self, conn: socket.socket, request: RecordedRequest, seconds: float | None) -> None:
-        """Wait `seconds` (None or inf: until the client closes), watching for the client's close."""
+        """Wait `seconds` (None or inf: until the client closes), watching for its close."""
         if seconds is not None and seconds <= 0:
             return
         forever = seconds is None or seconds == float("inf")

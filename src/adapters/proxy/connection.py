@@ -69,7 +69,7 @@ def _readable(sock: socket.socket) -> bool:
 
 
 def _with_options(sock: socket.socket) -> bool:
-    """A connected upstream socket made blocking, with Nagle off; False (and closed) if that fails."""
+    """A connected upstream socket made blocking, Nagle off; False (and closed) if that fails."""
     try:
         sock.setblocking(True)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -112,16 +112,13 @@ class Connection:
             self._ahead.set()
         self._pending = b""  # the client's first bytes that `forward_first` could not write
         self._moved = False  # `forward_first` moved bytes: the first byte came
-        self._first: bytearray | None = (
-            None  # `forward_first`'s buffer, made by `start` for a spare
-        )
+        # `forward_first`'s buffer, made by `start` for a spare.
+        self._first: bytearray | None = None
         self._wake_read = self._wake_write = -1  # ends the second thread's wait as a spare
-        self._watch: select.epoll | None = (
-            None  # the first thread's wait, while its client says nothing
-        )
-        self._lazy = (
-            False  # taken with its request moved: each thread wakes when it has bytes to move
-        )
+        # The first thread's wait, while its client says nothing.
+        self._watch: select.epoll | None = None
+        # Taken with its request moved: each thread wakes when it has bytes to move.
+        self._lazy = False
         self._connect_timeout = connect_timeout
         self._first_byte_by = 0.0
         self._first_byte_timeout = first_byte_timeout
@@ -362,7 +359,8 @@ class Connection:
             if events and ready is not None:
                 with self._lock:
                     if self._client is not None:
-                        return False  # taken (lazily), and the upstream answers: the second thread's to move
+                        # Taken (lazily), and the upstream answers: the second thread's to move.
+                        return False
                     dropped = self._ready is ready  # none until the next attempt
                     if dropped:
                         self._ready = self._ready_check = None
@@ -406,9 +404,8 @@ class Connection:
         silent = (
             None if self._moved or self._pending else client
         )  # watched for its first byte meanwhile
-        if (
-            upstream is None and not self._ahead.is_set()
-        ):  # one is on its way: sooner than a new one
+        if upstream is None and not self._ahead.is_set():
+            # One is on its way: sooner than a new one.
             if not self._wait_ahead(silent, first_by):
                 return
             upstream = self._take_ready()
@@ -486,7 +483,7 @@ class Connection:
         """A connection upstream, as `socket.create_connection` makes it (still non-blocking),
         now the caller's; None once aborted. Each address the name resolves to gets
         `connect_timeout` (the first, until `first_by` when given); the last failure is raised.
-        The attempt under way is `_connecting`, which an abort shuts down, ending the wait for it."""
+        The attempt under way is `_connecting`, which an abort shuts down, ending its wait."""
         infos = self._addresses
         if infos is None:
             try:
@@ -532,9 +529,9 @@ class Connection:
     def _wait_connected(
         self, sock: socket.socket, by: float | None, silent: socket.socket | None
     ) -> socket.socket | None:
-        """Wait for `sock`'s connect (until `by`, else `connect_timeout`); meanwhile, `_SilentClient`
-        if the client `silent` so far sends nothing by its first-byte limit. Returns it while it
-        is silent still (None once it has sent), for the next address's wait."""
+        """Wait for `sock`'s connect (until `by`, else `connect_timeout`); meanwhile,
+        `_SilentClient` if the client `silent` so far sends nothing by its first-byte limit.
+        Returns it while it is silent still (None once it has sent), for the next address's wait."""
         poller = select.poll()
         poller.register(sock, select.POLLOUT)
         end = time.monotonic() + self._connect_timeout if by is None else by
@@ -546,9 +543,8 @@ class Connection:
             ready = {fd for fd, _ in poller.poll(math.ceil(wait * 1000))} if wait > 0 else set()
             if sock.fileno() in ready:
                 break
-            if (
-                silent is not None and silent.fileno() in ready
-            ):  # it spoke: only the connect is waited for
+            if silent is not None and silent.fileno() in ready:
+                # It spoke: only the connect is waited for.
                 poller.unregister(silent)
                 silent = None
             elif silent is not None and time.monotonic() >= silent_by:

@@ -46,13 +46,12 @@ class ProxyLimits:
     max_conns: int = 8
     burst: int = 10
     rate: float = 2.0
-    first_byte_timeout: float = (
-        10.0  # seconds from accept; then a client that sent nothing is closed
-    )
+    first_byte_timeout: float = 10.0  # seconds from accept; then a silent client is closed
 
     def __str__(self) -> str:
         return (
-            f"at most {self.max_conns} connection{'' if self.max_conns == 1 else 's'}, accept burst {self.burst},"
+            f"at most {self.max_conns} connection{'' if self.max_conns == 1 else 's'},"
+            f" accept burst {self.burst},"
             f" refill {self.rate:g}/s,"
             f" first byte within {self.first_byte_timeout:g} s"
         )
@@ -77,8 +76,9 @@ def _parser() -> _Parser:
         allow_abbrev=False,
         description="Forward each connection on a Unix socket to one TCP connection upstream.",
         epilog=(
-            "Exit status: 0 after SIGTERM, SIGHUP or SIGINT; 2 for unusable arguments; 1 when the socket"
-            " file cannot be set up (its lock held by another inferproxy, or the path taken)."
+            "Exit status: 0 after SIGTERM, SIGHUP or SIGINT; 2 for unusable arguments;"
+            " 1 when the socket file cannot be set up"
+            " (its lock held by another inferproxy, or the path taken)."
         ),
     )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -143,7 +143,8 @@ def parse_upstream(value: str) -> Address:
         )
     if value.startswith("[") and "]" in value and not value.partition("]")[2].startswith(":"):
         raise UsageError(
-            f"--upstream: a colon goes between the IPv6 host and its port, as [::1]:PORT, got {value!r}"
+            "--upstream: a colon goes between the IPv6 host and its port,"
+            f" as [::1]:PORT, got {value!r}"
         )
     host, sep, port_text = value.rpartition(":")
     if not sep or not host:
@@ -196,9 +197,8 @@ def _without_scheme(url: str) -> str:
 def check_socket_path(path: str) -> str:
     if not path:
         raise UsageError("--listen must name a socket path")
-    if (
-        not path.isprintable()
-    ):  # a newline or an escape would split or colour every log line naming it
+    if not path.isprintable():
+        # A newline or an escape would split or colour every log line naming it.
         raise UsageError(f"--listen path {path!r} holds a control character")
     ending = folder_ending(path)
     if ending is not None:

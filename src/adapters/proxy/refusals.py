@@ -1,11 +1,13 @@
 """Refusal lines: one line per refused connection at first, then a summary at most once a period.
 
-A connect flood must not turn into a log flood, yet a few refusals are worth a line each. Invariants:
+A connect flood must not turn into a log flood, yet a few refusals are worth a line each.
+
+Invariants:
 - At most `verbatim` refusals (10) in any period (1 s, a sliding window: the last `verbatim`
   lines' times are kept) get a line of their own. Past that the proxy is summarising: refusals
   are counted by reason, and the count is written as one line when the period ends, so a flood
-  costs one line per period however fast it comes, and no period holds more than
-  `verbatim + 1` lines.
+  costs one line per period however fast it comes, and no period holds more than `verbatim + 1`
+  lines.
 - Lines of their own come back only after a whole period without a single refusal. A flood that
   pulses therefore still costs at most `verbatim + 1` lines per two periods.
 - Every refusal is accounted for exactly once: in a line of its own or in one summary. `flush()`

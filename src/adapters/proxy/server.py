@@ -100,9 +100,7 @@ class Proxy:
         self._stopping = False
         self._serial = 0
         self._accepted = 0
-        self._resume_accept_at: float | None = (
-            None  # set while accepting pauses, out of descriptors
-        )
+        self._resume_accept_at: float | None = None  # set while accept pauses, out of descriptors
         self._accept_failures = 0  # since the last line that said so
         self._accept_failure_line_at = -_ACCEPT_FAILURE_LINE_S
         self._wake_read = self._wake_write = -1  # the wake-up pipe exists while serve() runs
@@ -120,7 +118,7 @@ class Proxy:
 
     @property
     def accepted(self) -> int:
-        """Clients accepted so far, refused ones included (read it from the serving thread or after)."""
+        """Clients accepted so far, refused ones included (read by the serving thread, or after)."""
         return self._accepted
 
     def stop(self) -> None:
@@ -246,7 +244,8 @@ class Proxy:
             except OSError as exc:
                 if exc.errno in _TRANSIENT_ACCEPT:
                     continue
-                # Out of descriptors or similar: say so (once a second), and let the backlog wait a moment.
+                # Out of descriptors or similar: say so (once a second), and let the backlog
+                # wait a moment.
                 self._accept_failed(exc)
                 selector.unregister(listener)
                 self._resume_accept_at = time.monotonic() + _ACCEPT_PAUSE_S

@@ -131,7 +131,8 @@ def _lock_in(folder: int, name: str, lock_path: str) -> int:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise SocketFileError(
-                f"{lock_path} exists and is {_describe(st.st_mode)}, not a regular file; refusing to start"
+                f"{lock_path} exists and is {_describe(st.st_mode)}, not a regular file;"
+                " refusing to start"
             )
         if st.st_nlink != 1:
             raise SocketFileError(
@@ -140,7 +141,8 @@ def _lock_in(folder: int, name: str, lock_path: str) -> int:
             )
         if st.st_uid != os.geteuid():
             raise SocketFileError(
-                f"{lock_path} belongs to uid {st.st_uid}, not to us (uid {os.geteuid()}); refusing to start"
+                f"{lock_path} belongs to uid {st.st_uid}, not to us (uid {os.geteuid()});"
+                " refusing to start"
             )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -263,11 +265,13 @@ def _clear_stale(path: str, lock: PathLock) -> None:
         raise SocketFileError(f"cannot inspect {path}: {exc.strerror}") from exc
     if not stat.S_ISSOCK(st.st_mode):
         raise SocketFileError(
-            f"{path} exists and is {_describe(st.st_mode)}, not a socket; refusing to start (left untouched)"
+            f"{path} exists and is {_describe(st.st_mode)}, not a socket;"
+            " refusing to start (left untouched)"
         )
     if st.st_uid != os.geteuid():
         raise SocketFileError(
-            f"{path} is a socket of uid {st.st_uid}, not ours (uid {os.geteuid()}); refusing to start (left untouched)"
+            f"{path} is a socket of uid {st.st_uid}, not ours (uid {os.geteuid()});"
+            " refusing to start (left untouched)"
         )
     if _is_bound(path):
         raise SocketFileError(

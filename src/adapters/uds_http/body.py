@@ -117,7 +117,10 @@ class LengthBody(BodyReader):
         return piece
 
     def where(self) -> str:
-        return f"inside the body: content-length short, {self.received} of {self._length} bytes received"
+        return (
+            "inside the body: content-length short,"
+            f" {self.received} of {self._length} bytes received"
+        )
 
 
 class ChunkedBody(BodyReader):
@@ -194,9 +197,7 @@ class ChunkedBody(BodyReader):
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     if len(buf) - pos > self._line_limit:
-                        self._fail(
-                            f"chunk size line over {self._line_limit} bytes after {self._chunks} chunks"
-                        )
+                        self._fail_after(f"chunk size line over {self._line_limit} bytes")
                     return self._starve()
                 line = buf[pos:end]
                 # Plain hex digits are the common case; anything else goes through the regex.
@@ -213,9 +214,7 @@ class ChunkedBody(BodyReader):
                 end = buf.find(b"\r\n", pos)
                 if end < 0:
                     if self._trailer_bytes + len(buf) - pos > self._line_limit:
-                        self._fail(
-                            f"trailers over {self._line_limit} bytes after {self._chunks} chunks"
-                        )
+                        self._fail_after(f"trailers over {self._line_limit} bytes")
                     return self._starve()
                 self._pos = end + 2
                 if end == pos:
@@ -223,27 +222,21 @@ class ChunkedBody(BodyReader):
                     return b""
                 self._trailer_bytes += end - pos + 2
                 if self._trailer_bytes > self._line_limit:
-                    self._fail(
-                        f"trailers over {self._line_limit} bytes after {self._chunks} chunks"
-                    )
+                    self._fail_after(f"trailers over {self._line_limit} bytes")
                 if _TRAILER_LINE.fullmatch(buf, pos, end) is None:
-                    self._fail(
-                        f"malformed trailer line {buf[pos:end][:40]!r} after {self._chunks} chunks"
-                    )
+                    self._fail_after(f"malformed trailer line {buf[pos:end][:40]!r}")
             else:
                 return b""
 
     def _size_from(self, line: bytes) -> int:
         if len(line) > self._line_limit:
-            self._fail(f"chunk size line over {self._line_limit} bytes after {self._chunks} chunks")
+            self._fail_after(f"chunk size line over {self._line_limit} bytes")
         match = _SIZE_LINE.fullmatch(line)
         if match is None:
             digits = len(line) - len(line.lstrip(_HEX))
             if digits > 16:
-                self._fail(
-                    f"chunk size of {digits} hex digits (over 16) after {self._chunks} chunks"
-                )
-            self._fail(f"malformed chunk size line {line[:40]!r} after {self._chunks} chunks")
+                self._fail_after(f"chunk size of {digits} hex digits (over 16)")
+            self._fail_after(f"malformed chunk size line {line[:40]!r}")
         return int(match.group(1), 16)
 
     def _starve(self) -> bytes | None:
@@ -255,13 +248,22 @@ class ChunkedBody(BodyReader):
     def _fail(self, message: str) -> NoReturn:
         raise ProtocolError(f"{self._what}: {message}")
 
+    def _fail_after(self, message: str) -> NoReturn:
+        self._fail(f"{message} after {self._chunks} chunks")
+
     def where(self) -> str:
         state = self._state
         if state == _DATA:
             done = self._size - self._left
-            return f"inside chunk {self._chunks} after {done} of its {self._size} bytes ({self.received} body bytes)"
+            return (
+                f"inside chunk {self._chunks} after {done} of its {self._size} bytes"
+                f" ({self.received} body bytes)"
+            )
         if state == _TRAILER:
             return f"inside the trailers after {self._chunks} chunks"
         if self._chunks == 0:
             return "before the first chunk"
-        return f"after chunk {self._chunks} ({self.received} body bytes), before the terminating zero-size chunk"
+        return (
+            f"after chunk {self._chunks} ({self.received} body bytes),"
+            " before the terminating zero-size chunk"
+        )
