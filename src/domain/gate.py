@@ -79,8 +79,14 @@ class SlotGate:
     """Safe to share between threads: `enter`, then `poll` and `watch` while queued, `leave`."""
 
     def __init__(self, queue_per_slot: int) -> None:
-        if isinstance(queue_per_slot, bool) or not isinstance(queue_per_slot, int) or queue_per_slot < 0:
-            raise ValueError(f"queue_per_slot must be a non-negative integer, not {queue_per_slot!r}")
+        if (
+            isinstance(queue_per_slot, bool)
+            or not isinstance(queue_per_slot, int)
+            or queue_per_slot < 0
+        ):
+            raise ValueError(
+                f"queue_per_slot must be a non-negative integer, not {queue_per_slot!r}"
+            )
         self._queue_per_slot = queue_per_slot
         # Plain: held only around a step on the tables and the wakes' signals, and nothing that
         # runs in a signal handler (a cancel's wake-up) takes it.

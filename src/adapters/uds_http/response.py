@@ -4,8 +4,9 @@ The parsing core of the one exchange (`adapters.uds_http._async.exchange` and it
 blocking twin), which owns the waits and the socket and nothing else, as h11 asks of its
 callers. h11 parses and validates the response's status line and headers, the head's size cap
 with it. A request is rendered by h11 unless h11 would send it as it is: then its bytes, exactly
-h11's, are written here (`_plain`), which a first token shows (see `render`). `adapters.uds_http.body` de-frames the body. The wording of
-every error is here, so both exchanges say the same thing for the same bytes.
+h11's, are written here (`_plain`), which a first token shows (see `render`).
+`adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
+exchanges say the same thing for the same bytes.
 
 The driving protocol:
 
