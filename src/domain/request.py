@@ -47,6 +47,7 @@ from domain.request_options import (
     stop_strings,
 )
 from domain.request_options import RequestSettings as RequestSettings  # its home: request_options
+from domain.sessions import session_of
 
 CONTROL_ACTION = "reasoning_end"
 
@@ -147,6 +148,8 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     """
     if not isinstance(req, ChatRequest):
         raise RequestError(f"the request must be a ChatRequest, not {type(req).__name__}")
+    if session_of(req) is not None:  # its slot is known once its call places it
+        raise RequestError("a body names its slot: a request with session= is placed on one only when it is sent")
     slot = check_slot(req.slot, total_slots)
     messages = _listed(req.messages, "messages", "messages")
     tools = _listed(req.tools, "tools", "ToolSchemas")

@@ -21,21 +21,25 @@ Invariants:
   then has no prompt on record, and only `restore_slot` puts it back.
 - A checkpoint is restored only into a server with its template, model and slot context, before
   a request that begins with the prompt it covers: the server itself checks none of it.
-- The client remembers, per slot, only its last completed request and its last checkpoint.
+- The client remembers, per slot, only its last completed request and its last checkpoint; per
+  session, its last completed request and its checkpoint (`app._async.sessions`), under the
+  disk cap (`[cache] session_disk_mb`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 
 from app._async.info import AsyncServerInfo
+from app._async.sessions import AsyncSessions
 from app.call_log import log_done
 from app.slot_memory import SlotMemory
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import HttpError, InferError, ModelNotLoaded, RequestError, loggable
-from domain.events import CacheCause, CachePrediction
+from domain.events import CacheCause, CachePrediction, ChatEvent
 from domain.llama_api import (
     APPLY_TEMPLATE_PATH,
     SLOT_ACTIONS_UNSUPPORTED,
@@ -61,12 +65,31 @@ from domain.prompt_cache import (
     restore_refusal,
     server_model,
 )
+from domain.sessions import placed
 
-__all__ = ["AsyncPromptCache"]
+__all__ = ["AsyncPromptCache", "Prepared"]
 
 log = logging.getLogger("inferpath.client")
 
 _CANNOT_RENDER = frozenset({404, 501})
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `AsyncPromptCache.before` made of a turn: the events to emit before it is sent (a
+    session's move, save and restore, then the prediction), the prediction, the rendering, and
+    the session the turn runs in."""
+
+    events: tuple[ChatEvent, ...]
+    prediction: CachePrediction | None
+    rendered: Rendered | None
+    session: str | None
+
+    @classmethod
+    def of(
+        cls, events: list[ChatEvent], prediction: CachePrediction | None, rendered: Rendered | None, session: str | None
+    ) -> Prepared:
+        return cls((*events, prediction) if prediction is not None else tuple(events), prediction, rendered, session)
 
 
 class AsyncPromptCache:
@@ -74,12 +97,20 @@ class AsyncPromptCache:
     (a slot's entries change only while the slot is held at the gate)."""
 
     def __init__(
-        self, *, info: AsyncServerInfo, settings: CacheSettings, model: str, memory: SlotMemory | None = None
+        self,
+        *,
+        info: AsyncServerInfo,
+        settings: CacheSettings,
+        model: str,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._info = info
         self._settings = settings
         self._model = model
-        self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
+        self._memory = (
+            memory if memory is not None else SlotMemory(model=model)
+        )  # shared with the other flavour's client
+        self.sessions = AsyncSessions(self, info=info, memory=self._memory)
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
         return self._memory.checkpoints.get(slot)
@@ -92,39 +123,80 @@ class AsyncPromptCache:
         the next turn is not predicted from that one."""
         self._memory.turns.pop(slot, None)
 
-    def wanted(self, slot: int) -> bool:
-        """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is sent."""
+    def wanted(self, slot: int, session: str | None = None) -> bool:
+        """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is
+        sent; a session's checkpoint is its own, not the slot's."""
         memory = self._memory
-        return memory.renders and (self._settings.predict or (slot in memory.checkpoints and slot in memory.turns))
+        if not memory.renders:
+            return False
+        checkpointed = slot in memory.checkpoints if session is None else self.sessions.has_checkpoint(session)
+        return self._settings.predict or (checkpointed and slot in memory.turns)
 
     async def before(
-        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False
+        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False, session: str | None = None
+    ) -> Prepared:
+        """What comes before `req` is sent, the slot held at the gate: for a `session`, its
+        arrival on the slot (`AsyncSessions.arrive`: the prompt of the session it evicts saved,
+        its own checkpoint restored); then the prediction (None without a previous request on
+        the slot) and the rendering (kept for the next one), restoring the slot's checkpoint if
+        it was emptied. `ModelNotLoaded` from a router that has not loaded the model (the caller
+        waits for it to load, then asks again with `loaded`: a second refusal skips the
+        prediction)."""
+        slot = placed(req)
+        events: list[ChatEvent] = []
+        if session is None:
+            self._memory.sessions.vacate(slot)
+            prediction, rendered = await self._prepare(req, body, token, loaded, None, None)
+            return Prepared.of(events, prediction, rendered, None)
+        checkpoint, moving = await self.sessions.arrive(slot, session, token, events)
+        try:
+            prediction, rendered = await self._prepare(req, body, token, loaded, checkpoint, session, moving, events)
+        finally:
+            if checkpoint is not None:
+                self.sessions.done_with(session)
+        return Prepared.of(events, prediction, rendered, session)
+
+    async def _prepare(
+        self,
+        req: ChatRequest,
+        body: bytes,
+        token: CancelToken,
+        loaded: bool,
+        checkpoint: Checkpoint | None,
+        session: str | None,
+        moving: bool = False,
+        events: list[ChatEvent] | None = None,
     ) -> tuple[CachePrediction | None, Rendered | None]:
-        """The prediction for `req` (None without a previous request on the slot) and its
-        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied.
-        `ModelNotLoaded` from a router that has not loaded the model (the caller waits for it
-        to load, then asks again with `loaded`: a second refusal skips the prediction)."""
-        slot = req.slot
-        previous = self._memory.turns.get(slot)
-        checkpoint = self._memory.checkpoints.get(slot)
-        if not self.wanted(slot):
+        """The rendering and the prediction; with `moving`, `checkpoint` (the session's) is put
+        back into the slot first (`AsyncSessions.restore`, its event added to `events`)."""
+        slot = placed(req)
+        if session is None:
+            checkpoint = self._memory.checkpoints.get(slot)
+        moving = moving and checkpoint is not None and self._memory.renders
+        if not (moving or self.wanted(slot, session)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
         now: Rendered | None = None
         try:
             now = await self._render(body, token)
-            if previous is None:
+            restored = 0
+            if moving and checkpoint is not None and session is not None and events is not None:
+                restored = await self.sessions.restore(slot, session, checkpoint, now, token, events)
+            previous = self._memory.turns.get(slot)
+            if previous is None or (moving and not self._settings.predict):
                 return None, now
             before = previous.rendered or await self._render(previous.body, token)
             rendering = False
-            held = slot_held(await self._info.get(SLOTS_PATH, token, quick=True), slot)
             loss = self._settings.loss_tokens
+            if restored:  # the session's checkpoint, just put back: the slot holds what it covers
+                kept = self._held(before, checkpoint, restored)
+                return predict(previous, before, req, now, kept, loss, restored=restored), now
+            held = slot_held(await self._info.get(SLOTS_PATH, token, quick=True), slot)
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
-                restored = await self._restore_before(checkpoint, now, token)
-                if restored is not None:
-                    last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
-                    held = restored if last else min(restored, checkpoint.prompt_tokens)
+                restored = await self._restore_before(dataclasses.replace(checkpoint, slot=slot), now, token) or 0
+                if restored:
+                    held = self._held(before, checkpoint, restored)
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
@@ -136,27 +208,34 @@ class AsyncPromptCache:
         log.debug("slot %d: %s", slot, prediction)
         return prediction, now
 
-    def landed(
-        self,
-        req: ChatRequest,
-        body: bytes,
-        rendered: Rendered | None,
-        prediction: CachePrediction | None,
-        completion: Completion,
-    ) -> None:
-        """Remember the completed request and log it (`app.call_log.log_done`, against the one
-        before it on the slot); check a restore by the cache the turn found."""
-        previous = self._memory.turns.get(req.slot)
-        self._memory.turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
-        log_done(req.slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
+    @staticmethod
+    def _held(before: Rendered, checkpoint: Checkpoint | None, restored: int) -> int:
+        """What a slot holds of the previous request after `restored` tokens of `checkpoint`
+        went back into it: all, if the checkpoint was taken after that request."""
+        assert checkpoint is not None
+        last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
+        return restored if last else min(restored, checkpoint.prompt_tokens)
+
+    def landed(self, req: ChatRequest, body: bytes, prepared: Prepared, completion: Completion) -> None:
+        """Remember the completed request (for the slot, and for its session) and log it
+        (`app.call_log.log_done`, against the one before it on the slot); check a restore by
+        the cache the turn found."""
+        slot = placed(req)
+        previous = self._memory.turns.get(slot)
+        turn = SlotTurn.of(req, body, prepared.rendered, completion)
+        self._memory.turns[slot] = turn
+        if prepared.session is not None:
+            self._memory.sessions.landed(prepared.session, turn)
+        log_done(slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
+        prediction = prepared.prediction
         if prediction is None:
             return
         found = completion.timings.cache_n
-        log.debug("slot %d: cache predicted %d tokens, found %d", req.slot, prediction.reused, found)
+        log.debug("slot %d: cache predicted %d tokens, found %d", slot, prediction.reused, found)
         if prediction.restored and prediction.reused - found > self._settings.loss_tokens:
             log.warning(
                 "slot %d: the restored checkpoint did not help: the turn reused %d tokens, not %d",
-                req.slot,
+                slot,
                 found,
                 prediction.reused,
             )
@@ -182,6 +261,14 @@ class AsyncPromptCache:
     async def save(self, slot: int, token: CancelToken) -> Checkpoint | None:
         """Save what slot `slot` holds to the server's save folder and remember it; None when the
         server keeps no checkpoints (501, one WARNING, and never asked again)."""
+        checkpoint = await self.save_to(slot, checkpoint_filename(slot, self._model), token)
+        if checkpoint is not None:
+            self._memory.checkpoints[slot] = checkpoint
+        return checkpoint
+
+    async def save_to(self, slot: int, name: str, token: CancelToken) -> Checkpoint | None:
+        """Save what slot `slot` holds to the file `name`, with the prompt it covers on record
+        (the slot's last completed request); None as `save`."""
         if not self._memory.saves:
             return None
         props = await self._info.props(token)
@@ -195,7 +282,6 @@ class AsyncPromptCache:
             except InferError as exc:
                 if not self._cannot_render(exc):
                     raise
-        name = checkpoint_filename(slot, self._model)
         try:
             answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name, self._model), token)
         except HttpError as exc:
@@ -205,20 +291,9 @@ class AsyncPromptCache:
             log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
             return None
         saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")
-        checkpoint = Checkpoint(
-            slot=slot,
-            filename=name,
-            tokens=saved,
-            bytes=size,
-            template_sha256=props.chat_template_sha256,
-            model=server_model(props),
-            n_ctx=props.n_ctx,
-            prompt_tokens=count,
-            prompt_sha256=digest,
-        )
-        self._memory.checkpoints[slot] = checkpoint
         log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
-        return checkpoint
+        model, ctx = server_model(props), props.n_ctx
+        return Checkpoint(slot, name, saved, size, props.chat_template_sha256, model, ctx, count, digest)
 
     async def restore(self, slot: int, token: CancelToken) -> int:
         """Put slot `slot`'s checkpoint back; the tokens restored. `RequestError` when it has
