@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, RecordedRequest, Reply
+from adapters.fake_server import FakeServer, RecordedRequest, Reply, error_reply
 from app.client import Client
 from app.config import parse_config
 from app.container import Container
 from cache_server import ANSWER, CachingLlama
 from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.errors import RequestError
-from domain.events import CachePrediction, ChatEvent, Queued, SessionMoved, SessionRestored, SessionSaved
+from domain.events import CachePrediction, ChatEvent, Content, Queued, SessionMoved, SessionRestored, SessionSaved
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
 pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("client_kind")]
@@ -231,3 +231,21 @@ def test_slot_requests_work_as_before_beside_sessions(server: FakeServer, client
     assert of(SessionMoved, events) == [SessionMoved("a", 1, 0, None)]
     assert chats(server) == [0, 0, 1]
     assert llama.cache_n[-1] == 0
+
+
+def test_a_save_that_fails_never_fails_the_turn_and_the_evicted_session_starts_cold(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    llama = CachingLlama(server)
+    sessions = Sessions(client_for(client_kind, server))
+    sessions.turn("a")
+    sessions.turn("b")
+    server.route("POST", "/slots/0", error_reply(500, "disk full"))
+    with caplog.at_level(logging.WARNING, logger="inferpath"):
+        evicting = sessions.turn("c")  # evicts a: its save fails
+    assert of(SessionSaved, evicting) == [] and Content(ANSWER) in evicting
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["slot 0: the prompt of the session it held was not saved: HttpError (HTTP 500)"]
+    back = sessions.turn("a")  # evicts b (slot 1 saves fine), and has nothing to restore
+    assert [e.session for e in of(SessionSaved, back)] == ["b"] and of(SessionRestored, back) == []
+    assert llama.cache_n[-1] == len("<system>You are session "), "only what every session's prompt opens with"

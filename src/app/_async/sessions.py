@@ -83,7 +83,12 @@ class AsyncSessions:
         decided = arrival(session, holder, known=slot in self._memory.turns, checkpointed=checkpoint is not None)
         if not decided.moved:
             return checkpoint, False
-        saved = await self._save(slot, decided.save, token) if decided.save is not None and saves else None
+        try:
+            saved = await self._save(slot, decided.save, token) if decided.save is not None and saves else None
+        except BaseException:  # a cancel: the caller never gets the checkpoint to be done with
+            if checkpoint is not None:
+                book.end_restore(session)
+            raise
         previous = book.take(slot, session)
         self._memory.turns.pop(slot, None)  # another session's prompt: nothing to predict from
         events.append(SessionMoved(session, slot, previous, holder))

@@ -84,7 +84,12 @@ class Sessions:
         decided = arrival(session, holder, known=slot in self._memory.turns, checkpointed=checkpoint is not None)
         if not decided.moved:
             return checkpoint, False
-        saved = self._save(slot, decided.save, token) if decided.save is not None and saves else None
+        try:
+            saved = self._save(slot, decided.save, token) if decided.save is not None and saves else None
+        except BaseException:  # a cancel: the caller never gets the checkpoint to be done with
+            if checkpoint is not None:
+                book.end_restore(session)
+            raise
         previous = book.take(slot, session)
         self._memory.turns.pop(slot, None)  # another session's prompt: nothing to predict from
         events.append(SessionMoved(session, slot, previous, holder))
