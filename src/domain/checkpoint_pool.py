@@ -7,7 +7,8 @@ the files are named from a pool (`inferpath-<model digest>-session-<n>.bin`) and
 is dropped leaves its file behind, to be overwritten by a later checkpoint. The cap bounds:
 
 - the checkpoints on record: after every save they total at most `cap_bytes`, the records
-  saved longest ago dropped first (one checkpoint larger than the cap is kept, alone);
+  saved longest ago dropped first (one checkpoint larger than the cap is kept, alone; one being
+  restored at that moment is kept too, and dropped by a later save if it is then the oldest);
 - the files: a session's checkpoint goes to its own file when it has one, else to a file whose
   record was dropped, else to a new file while the pool's files (at the size this client last
   wrote each) total less than the cap, else to the file of the oldest record, which is dropped.
