@@ -29,7 +29,13 @@ from app.config import parse_config  # noqa: E402
 from app.container import Container  # noqa: E402
 from domain.completion import Completion  # noqa: E402
 from domain.events import ChatEvent, Content, SessionRestored, SessionSaved  # noqa: E402
-from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage  # noqa: E402
+from domain.messages import (  # noqa: E402
+    AssistantMessage,
+    ChatMessage,
+    ChatRequest,
+    SystemMessage,
+    UserMessage,
+)
 
 SESSIONS = 4
 # The proxy's accept limit lifted: a moved turn makes a few small requests (a save, a render, a
@@ -51,14 +57,17 @@ def client_on(socket_path: str) -> Client:
 
 def rules(tag: str) -> SystemMessage:
     """About 600 tokens of rules, the session's own from its first token."""
-    lines = [f"Rule {i}: when the user mentions item {i}, describe it as {c} and {s}." for i, (c, s) in _pairs()]
+    lines = [_rule(i, colour, size) for i, (colour, size) in enumerate(_pairs(), 1)]
     return SystemMessage(f"Session {tag}.\n" + "\n".join(lines * 2))
 
 
-def _pairs() -> enumerate[tuple[str, str]]:
-    return enumerate(
-        ((c, s) for c in ("red", "green", "blue", "amber", "violet") for s in ("small", "large", "round")), 1
-    )
+def _rule(i: int, colour: str, size: str) -> str:
+    return f"Rule {i}: when the user mentions item {i}, describe it as {colour} and {size}."
+
+
+def _pairs() -> list[tuple[str, str]]:
+    colours, sizes = ("red", "green", "blue", "amber", "violet"), ("small", "large", "round")
+    return [(colour, size) for colour in colours for size in sizes]
 
 
 class Schedule:
@@ -79,7 +88,8 @@ class Schedule:
         for turn in range(turns):
             for n in range(SESSIONS):
                 history = histories.setdefault(n, [rules(f"{tag}-{n}")])
-                history.append(UserMessage(f"Turn {turn}: describe item {turn * SESSIONS + n + 1}."))
+                item = turn * SESSIONS + n + 1
+                history.append(UserMessage(f"Turn {turn}: describe item {item}."))
                 req = (
                     ChatRequest(session=f"s{n}", messages=history)
                     if self.sessions
@@ -89,7 +99,8 @@ class Schedule:
                 history.append(AssistantMessage(completion.content))
                 if n in last:
                     previous = last[n].timings
-                    self.reused.append(completion.timings.cache_n / (previous.cache_n + previous.prompt_n))
+                    prompt = previous.cache_n + previous.prompt_n
+                    self.reused.append(completion.timings.cache_n / prompt)
                     self.later_s.append(seconds)
                 else:
                     self.cold_s.append(seconds)
@@ -108,8 +119,8 @@ class Schedule:
         return completion, first[0] if first else time.perf_counter() - started
 
     def rows(self, name: str) -> list[tuple[str, str]]:
-        cold = statistics.median(self.cold_s)
-        ratio = statistics.median(self.later_s) / cold
+        cold, later = statistics.median(self.cold_s), statistics.median(self.later_s)
+        ratio = later / cold
         rows = [
             (
                 f"{name}: later turns reused of their previous prompt (median, min)",
@@ -117,17 +128,18 @@ class Schedule:
             ),
             (
                 f"{name}: later turn's first token / cold first turn's (median)",
-                f"{ratio:.2f}x ({statistics.median(self.later_s) * 1000:.0f} ms / {cold * 1000:.0f} ms)",
+                f"{ratio:.2f}x ({later * 1000:.0f} ms / {cold * 1000:.0f} ms)",
             ),
         ]
         saves = [e.ms for e in self.events if isinstance(e, SessionSaved)]
         restores = [e for e in self.events if isinstance(e, SessionRestored)]
         if saves and restores:
             size = statistics.median(e.bytes for e in restores) / 2**20
+            restore_ms = statistics.median(e.ms for e in restores)
             rows.append(
                 (
                     f"{name}: save / restore of a checkpoint (median)",
-                    f"{statistics.median(saves):.0f} ms / {statistics.median(e.ms for e in restores):.0f} ms"
+                    f"{statistics.median(saves):.0f} ms / {restore_ms:.0f} ms"
                     f" ({size:.0f} MiB, {len(saves)} saves, {len(restores)} restores)",
                 )
             )

@@ -153,8 +153,9 @@ class CachingLlama:
         if "action=save" in request.target.split("?", 1)[1].split("&"):
             self.files[name] = list(self.held[slot])
             tokens = len(self.held[slot])
-            written = self.bytes_per_token * tokens
-            return json_reply({"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": written})
+            size = self.bytes_per_token * tokens
+            saved = {"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": size}
+            return json_reply(saved)
         if name not in self.files:
             return error_reply(400, "Unable to restore slot", "invalid_request_error")
         tokens = len(self.files[name])

@@ -81,7 +81,8 @@ def cache_settings(config: Config) -> CacheSettings:
 
 
 def slot_memory(config: Config) -> SlotMemory:
-    return SlotMemory(session_disk_bytes=config.cache.session_disk_mb * 1_000_000, model=config.model)
+    disk = config.cache.session_disk_mb * 1_000_000
+    return SlotMemory(session_disk_bytes=disk, model=config.model)
 
 
 def total_slots(config: Config) -> int | None:
@@ -128,7 +129,8 @@ class Container(containers.DeclarativeContainer):
         model=config.provided.model,
     )
     gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
-    memory = providers.ThreadSafeSingleton(slot_memory, config)  # what the slots hold, as both flavours saw it
+    # what the slots hold, as both flavours saw it, and the sessions on them
+    memory = providers.ThreadSafeSingleton(slot_memory, config)
     client = providers.ThreadSafeSingleton(
         Client,
         transport=transport,

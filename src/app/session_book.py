@@ -41,11 +41,14 @@ class SessionBook:
         self.pool = CheckpointPool(cap_bytes, model)
 
     def place(self, session: str, total_slots: int, busy: Callable[[int], bool]) -> Placement:
-        """Place `session`'s request (`domain.sessions.place`) and claim the slot until `release`."""
+        """Place `session`'s request (`domain.sessions.place`), its slot claimed until `release`."""
         with self._lock:
             views = [
                 SlotView(
-                    slot, self._holders.get(slot), self._claims.get(slot, 0) > 0 or busy(slot), self._used.get(slot, 0)
+                    slot,
+                    self._holders.get(slot),
+                    self._claims.get(slot, 0) > 0 or busy(slot),
+                    self._used.get(slot, 0),
                 )
                 for slot in range(total_slots)
             ]

@@ -92,7 +92,7 @@ class CheckpointPool:
         self.files[name] = checkpoint.bytes
         dropped = []
         while self.on_record > self.cap_bytes:
-            oldest = next((key for key in self.records if key != session and key not in self.restoring), None)
+            oldest = next((key for key in self.records if self._spare(key, session)), None)
             if oldest is None:
                 break
             self.free.append(self.records.pop(oldest).filename)

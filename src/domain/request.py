@@ -148,8 +148,9 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     """
     if not isinstance(req, ChatRequest):
         raise RequestError(f"the request must be a ChatRequest, not {type(req).__name__}")
-    if session_of(req) is not None:  # its slot is known once its call places it
-        raise RequestError("a body names its slot: a request with session= is placed on one only when it is sent")
+    if req.slot is None:  # a session's slot is known once its call places it
+        session_of(req)  # RequestError: neither slot nor session, or a bad key
+        raise RequestError("a body names its slot: a session's request has one once it is sent")
     slot = check_slot(req.slot, total_slots)
     messages = _listed(req.messages, "messages", "messages")
     tools = _listed(req.tools, "tools", "ToolSchemas")

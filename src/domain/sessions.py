@@ -26,7 +26,17 @@ from dataclasses import dataclass
 from domain.errors import RequestError
 from domain.messages import ChatRequest
 
-__all__ = ["SESSION_KEY_CHARS", "Arrival", "Placement", "SlotView", "Why", "arrival", "place", "placed", "session_of"]
+__all__ = [
+    "SESSION_KEY_CHARS",
+    "Arrival",
+    "Placement",
+    "SlotView",
+    "Why",
+    "arrival",
+    "place",
+    "placed",
+    "session_of",
+]
 
 SESSION_KEY_CHARS = 256
 
@@ -40,7 +50,7 @@ def session_of(req: ChatRequest) -> str | None:
             raise RequestError("a request needs slot= or session= (a key of the daemon's own)")
         return None
     if req.slot is not None:
-        raise RequestError("a request names slot= or session=, not both: a session's slot is placed by the client")
+        raise RequestError("a request names slot= or session=, not both: a session is placed")
     return check_session(req.session)
 
 
@@ -61,7 +71,7 @@ def check_session(key: object) -> str:
 def placed(req: ChatRequest) -> int:
     """The slot of a request the client has placed (a `slot=` request's own)."""
     if req.slot is None:
-        raise RequestError("the request has no slot: a session's request is placed before it is sent")
+        raise RequestError("the request has no slot: a session's is placed before it is sent")
     return req.slot
 
 

@@ -19,19 +19,27 @@ from app.container import Container
 from cache_server import ANSWER, CachingLlama
 from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.errors import RequestError
-from domain.events import CachePrediction, ChatEvent, Content, Queued, SessionMoved, SessionRestored, SessionSaved
+from domain.events import (
+    CachePrediction,
+    ChatEvent,
+    Content,
+    Queued,
+    SessionMoved,
+    SessionRestored,
+    SessionSaved,
+)
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
 pytestmark = [pytest.mark.timeout(20), pytest.mark.usefixtures("client_kind")]
 
 
-def client_for(kind: Kind, server: FakeServer, *, predict: bool = False, disk_mb: int = 100) -> Client:
+def client_for(kind: Kind, server: FakeServer, *, predict: bool = False, mb: int = 99) -> Client:
     data: dict[str, Any] = {
         "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
         "limits": LIMITS,
         "retry": RETRY,
-        "cache": {"predict": predict, "session_disk_mb": disk_mb},
+        "cache": {"predict": predict, "session_disk_mb": mb},
     }
     return kind.client_of(Container(config=parse_config(data)))
 
@@ -44,7 +52,8 @@ class Sessions:
         self.histories: dict[str, list[ChatMessage]] = {}
 
     def turn(self, session: str) -> list[ChatEvent]:
-        history = self.histories.setdefault(session, [SystemMessage(f"You are session {session}. " * 10)])
+        system = SystemMessage(f"You are session {session}. " * 10)
+        history = self.histories.setdefault(session, [system])
         history.append(UserMessage(f"Turn {len(history)} of {session}: name a capital."))
         events: list[ChatEvent] = []
         completion = self.client.chat(ChatRequest(session=session, messages=history), events.append)
@@ -72,7 +81,10 @@ def of(kind: type, events: list[ChatEvent]) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
 
 
-def test_each_session_goes_back_to_the_slot_that_holds_its_prompt(server: FakeServer, client_kind: Kind) -> None:
+def test_each_session_goes_back_to_the_slot_that_holds_its_prompt(
+    server: FakeServer,
+    client_kind: Kind,
+) -> None:
     llama = CachingLlama(server)
     sessions = Sessions(client_for(client_kind, server))
     first_a, first_b = sessions.turn("a"), sessions.turn("b")
@@ -82,7 +94,7 @@ def test_each_session_goes_back_to_the_slot_that_holds_its_prompt(server: FakeSe
         assert of(SessionMoved, sessions.turn("a") + sessions.turn("b")) == []
     assert chats(server) == [0, 1, 0, 1, 0, 1]
     assert all(cached > 0 for cached in llama.cache_n[2:]), llama.cache_n
-    assert [a for a in actions(server) if not a.startswith("chat")] == []  # nothing saved: nobody evicted
+    assert [a for a in actions(server) if not a.startswith("chat")] == []  # nobody evicted
 
 
 @pytest.mark.parametrize("predict", [False, True])
@@ -100,9 +112,16 @@ def test_a_third_session_evicts_the_least_recently_used_saving_it_first_and_it_c
 
     assert of(SessionMoved, evicting) == [SessionMoved("c", 0, None, "a")]
     [saved] = of(SessionSaved, evicting)
-    assert (saved.session, saved.slot, saved.tokens) == ("a", 0, len(llama.files[next(iter(llama.files))]))
+    assert (saved.session, saved.slot, saved.tokens) == (
+        "a",
+        0,
+        len(llama.files[next(iter(llama.files))]),
+    )
     assert saved.bytes == 100 * saved.tokens and saved.ms >= 0
-    assert actions(server) == ["save 0", "chat 0"]  # saved while the slot is ours, before it is overwritten
+    assert actions(server) == [
+        "save 0",
+        "chat 0",
+    ]  # saved while the slot is ours, before it is overwritten
     del server.requests[:]
 
     back = sessions.turn("a")  # slot 1 (b) is now the least recently used
@@ -123,7 +142,7 @@ def test_the_disk_cap_drops_the_oldest_checkpoint_first_and_reuses_its_file(
 ) -> None:
     llama = CachingLlama(server)
     llama.bytes_per_token = 2500  # about 0.6 MB a checkpoint here: one fits under 1 MB, not two
-    sessions = Sessions(client_for(client_kind, server, disk_mb=1))
+    sessions = Sessions(client_for(client_kind, server, mb=1))
     for session in "abcd":  # c evicts a (saved), d evicts b (saved: a, the oldest, is dropped)
         sessions.turn(session)
     assert len(llama.files) == 2
@@ -163,14 +182,20 @@ def test_a_bad_slot_and_session_pair_is_refused_before_anything_connects(
     assert server.requests == []
 
 
-def test_a_sessions_request_has_no_body_before_it_is_placed(server: FakeServer, client_kind: Kind) -> None:
+def test_a_sessions_request_has_no_body_before_it_is_placed(
+    server: FakeServer,
+    client_kind: Kind,
+) -> None:
     client = client_for(client_kind, server)
-    with pytest.raises(RequestError, match="placed on one only when it is sent"):
+    with pytest.raises(RequestError, match="request has one once it is sent"):
         client.render(ChatRequest(session="a", messages=[UserMessage("hi")]))
     assert server.requests == []
 
 
-def test_two_sessions_racing_for_one_slot_take_turns_at_the_gate(server: FakeServer, client_kind: Kind) -> None:
+def test_two_sessions_racing_for_one_slot_take_turns_at_the_gate(
+    server: FakeServer,
+    client_kind: Kind,
+) -> None:
     llama = CachingLlama(server, slots=1)
     started = threading.Barrier(2)
     slow = llama._chat
@@ -189,7 +214,8 @@ def test_two_sessions_racing_for_one_slot_take_turns_at_the_gate(server: FakeSer
         seen[name] = events
         started.wait()
         try:
-            client.chat(ChatRequest(session=name, messages=[UserMessage(f"I am {name}.")]), events.append)
+            req = ChatRequest(session=name, messages=[UserMessage(f"I am {name}.")])
+            client.chat(req, events.append)
         except BaseException as exc:
             failures.append(exc)
 
@@ -200,9 +226,13 @@ def test_two_sessions_racing_for_one_slot_take_turns_at_the_gate(server: FakeSer
         thread.join(10)
     assert failures == []
     first, second = sorted("ab", key=lambda name: any(isinstance(e, Queued) for e in seen[name]))
-    assert of(Queued, seen[second]) == [Queued(1)], "the second waited at the gate, first come first served"
+    assert of(Queued, seen[second]) == [Queued(1)], "the second waited at the gate"
     assert of(Queued, seen[first]) == []
-    assert actions(server) == ["chat 0", "save 0", "chat 0"]  # never two at once, the first saved between
+    assert actions(server) == [
+        "chat 0",
+        "save 0",
+        "chat 0",
+    ]  # never two at once, the first saved between
     assert of(SessionMoved, seen[second]) == [SessionMoved(second, 0, None, first)]
 
 
@@ -217,15 +247,19 @@ def test_a_server_without_a_save_folder_still_places_sessions_with_one_warning(
             assert of(SessionSaved, events) == of(SessionRestored, events) == []
     assert chats(server) == [0, 1, 0, 1, 0]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)"]
+    off = "slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)"
+    assert warnings == [off]
 
 
-def test_slot_requests_work_as_before_beside_sessions(server: FakeServer, client_kind: Kind) -> None:
+def test_slot_requests_work_as_before_beside_sessions(
+    server: FakeServer,
+    client_kind: Kind,
+) -> None:
     llama = CachingLlama(server)
     client = client_for(client_kind, server)
     sessions = Sessions(client)
     sessions.turn("a")
-    completion = client.chat(ChatRequest(0, [UserMessage("pinned")]))  # overwrites a's prompt, unsaved
+    completion = client.chat(ChatRequest(0, [UserMessage("pinned")]))  # a's prompt, overwritten
     assert completion.content == ANSWER
     events = sessions.turn("a")  # slot 0 no longer holds a's prompt: a takes the free slot 1
     assert of(SessionMoved, events) == [SessionMoved("a", 1, 0, None)]
@@ -245,7 +279,9 @@ def test_a_save_that_fails_never_fails_the_turn_and_the_evicted_session_starts_c
         evicting = sessions.turn("c")  # evicts a: its save fails
     assert of(SessionSaved, evicting) == [] and Content(ANSWER) in evicting
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["slot 0: the prompt of the session it held was not saved: HttpError (HTTP 500)"]
+    lost = "slot 0: the prompt of the session it held was not saved: HttpError (HTTP 500)"
+    assert warnings == [lost]
     back = sessions.turn("a")  # evicts b (slot 1 saves fine), and has nothing to restore
     assert [e.session for e in of(SessionSaved, back)] == ["b"] and of(SessionRestored, back) == []
-    assert llama.cache_n[-1] == len("<system>You are session "), "only what every session's prompt opens with"
+    opening = len("<system>You are session ")
+    assert llama.cache_n[-1] == opening, "only what every session's prompt opens with"

@@ -40,21 +40,27 @@ def house_rules(tag: str, session: int) -> SystemMessage:
     """About 1,350 tokens of rules: the first half the same for every session of the run (as a
     daemon's sessions share a system prompt: a session's first turn reuses it from whichever
     session left it in the slot), the second half the session's own from its first token."""
-    lines = [
-        f"Rule {i}: when the user mentions item number {i}, describe it as {colour} and {size}."
-        for i, (colour, size) in enumerate(
-            ((c, s) for c in ("red", "green", "blue", "amber", "violet") for s in ("small", "large", "round")), 1
-        )
-    ]
+    lines = [_rule(i, colour, size) for i, (colour, size) in enumerate(_pairs(), 1)]
     rules = "\n".join(lines * (REPEAT // 2))
     return SystemMessage(f"House {tag}.\n{rules}\nSession {session} of {tag}.\n{rules}")
+
+
+def _rule(i: int, colour: str, size: str) -> str:
+    return f"Rule {i}: when the user mentions item number {i}, describe it as {colour} and {size}."
+
+
+def _pairs() -> list[tuple[str, str]]:
+    colours, sizes = ("red", "green", "blue", "amber", "violet"), ("small", "large", "round")
+    return [(colour, size) for colour in colours for size in sizes]
 
 
 def prompt_tokens(completion: Completion) -> int:
     return completion.timings.cache_n + completion.timings.prompt_n
 
 
-def test_six_sessions_on_two_slots_reuse_their_prompts_through_their_checkpoints(tmp_path: Path) -> None:
+def test_six_sessions_on_two_slots_reuse_their_prompts_through_their_checkpoints(
+    tmp_path: Path,
+) -> None:
     started = time.monotonic()
     with (
         llama.start_server("tools", log_dir=tmp_path, extra_args=("--cache-ram", "0")) as server,
@@ -77,11 +83,14 @@ def test_six_sessions_on_two_slots_reuse_their_prompts_through_their_checkpoints
             for n in range(SESSIONS):
                 session = f"s{n}"
                 history = histories.setdefault(session, [house_rules(tag, n)])
-                history.append(UserMessage(f"Turn {turn}: describe item number {turn * SESSIONS + n + 1}."))
-                completion = client.chat(ChatRequest(session=session, messages=history), events.append)
+                item = turn * SESSIONS + n + 1
+                history.append(UserMessage(f"Turn {turn}: describe item number {item}."))
+                req = ChatRequest(session=session, messages=history)
+                completion = client.chat(req, events.append)
                 history.append(AssistantMessage(completion.content))
                 if session in last:
-                    reuse.append((session, turn, completion.timings.cache_n, prompt_tokens(last[session])))
+                    previous = prompt_tokens(last[session])
+                    reuse.append((session, turn, completion.timings.cache_n, previous))
                 last[session] = completion
     took = time.monotonic() - started
     short = [r for r in reuse if r[2] < REUSED * r[3]]
@@ -92,5 +101,6 @@ def test_six_sessions_on_two_slots_reuse_their_prompts_through_their_checkpoints
     assert len(restored) == SESSIONS * (TURNS - 1), restored
     assert len([e for e in events if isinstance(e, SessionSaved)]) >= SESSIONS * (TURNS - 1)
     assert len([e for e in events if isinstance(e, SessionMoved)]) == SESSIONS * TURNS
-    assert all(1300 <= prompt_tokens(c) <= 2000 for c in last.values()), [prompt_tokens(c) for c in last.values()]
+    sizes = [prompt_tokens(c) for c in last.values()]
+    assert all(1300 <= size <= 2000 for size in sizes), sizes
     print(f"\n{SESSIONS} sessions x {TURNS} turns on {llama.SLOTS} slots: {took:.0f} s")

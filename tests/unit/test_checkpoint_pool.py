@@ -44,11 +44,11 @@ def test_the_oldest_records_are_dropped_first_to_keep_the_records_within_the_cap
     b = pool.checkpoint("b")
     name = pool.file_for("d")  # the files fill the cap: b's file, b dropped
     assert b is not None and name == b.filename and pool.checkpoint("b") is None
-    assert pool.saved("d", checkpoint(name, 2 * MB)) == ["c"]  # c, a, d hold 4 MB: c, the oldest, goes
+    assert pool.saved("d", checkpoint(name, 2 * MB)) == ["c"]  # c, a, d: 4 MB; c, the oldest, goes
     assert list(pool.records) == ["a", "d"] and pool.on_record == 3 * MB
 
 
-def test_a_new_checkpoint_past_the_cap_overwrites_the_oldest_records_file_and_makes_no_new_one() -> None:
+def test_a_new_checkpoint_past_the_cap_overwrites_the_oldest_records_file() -> None:
     pool = CheckpointPool(3 * MB, "m")
     for session in "abc":
         save(pool, session, MB)
@@ -56,7 +56,7 @@ def test_a_new_checkpoint_past_the_cap_overwrites_the_oldest_records_file_and_ma
     oldest = pool.checkpoint("a")
     name = pool.file_for("d")
     assert oldest is not None and name == oldest.filename  # the files fill the cap: no new name
-    assert pool.checkpoint("a") is None  # dropped at once: nobody restores from a file being written
+    assert pool.checkpoint("a") is None  # dropped at once: nobody restores a file being written
     pool.saved("d", checkpoint(name, MB))
     assert set(pool.files) == names and pool.on_disk == 3 * MB
 
@@ -71,7 +71,7 @@ def test_a_dropped_records_file_is_the_next_new_checkpoints_before_any_new_file(
     assert pool.file_for("c") == freed
 
 
-def test_the_files_never_exceed_the_cap_by_more_than_one_checkpoint_when_checkpoints_keep_their_size() -> None:
+def test_files_of_one_size_never_exceed_the_cap_by_more_than_one_checkpoint() -> None:
     pool = CheckpointPool(5 * MB, "m")
     for turn in range(40):
         save(pool, f"s{turn % 9}", MB)

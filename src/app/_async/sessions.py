@@ -48,23 +48,29 @@ class AsyncSessions:
     """Sessions on the slots of one client. Safe to share between calls: what it knows is the
     `SessionBook` of the shared `SlotMemory`."""
 
-    def __init__(self, cache: AsyncPromptCache, *, info: AsyncServerInfo, memory: SlotMemory) -> None:
+    def __init__(
+        self,
+        cache: AsyncPromptCache,
+        *,
+        info: AsyncServerInfo,
+        memory: SlotMemory,
+    ) -> None:
         self._cache = cache
         self._info = info
         self._memory = memory
-        # whether a call holds a slot at the gate or waits for it: set by the calls, which own the gate
+        # whether a call holds a slot at the gate or waits for it: set by the calls (the gate's)
         self.busy: Callable[[int], bool] = _idle
 
     def has_checkpoint(self, session: str) -> bool:
         return self._memory.sessions.checkpoint(session) is not None
 
     async def place(self, req: ChatRequest, session: str, token: CancelToken) -> ChatRequest:
-        """`req` on the slot `domain.sessions.place` gives `session` (claimed until `release`),
-        as the request that is sent: its slot set, its session left to the call."""
+        """`req` on the slot `domain.sessions.place` gives `session` (claimed until `release`):
+        the request that is sent, its slot set beside its session."""
         total = await self._info.slot_count(token)
         placement = self._memory.sessions.place(session, total, self.busy)
         log.debug("session placed on slot %d (%s)", placement.slot, placement.why.value)
-        return dataclasses.replace(req, slot=placement.slot, session=None)
+        return dataclasses.replace(req, slot=placement.slot)
 
     def release(self, slot: int) -> None:
         """The call placed on `slot` has ended."""
@@ -80,11 +86,13 @@ class AsyncSessions:
         holder = book.holder(slot)
         checkpoint = book.begin_restore(session)
         saves = self._memory.saves
-        decided = arrival(session, holder, known=slot in self._memory.turns, checkpointed=checkpoint is not None)
+        known, checkpointed = slot in self._memory.turns, checkpoint is not None
+        decided = arrival(session, holder, known=known, checkpointed=checkpointed)
         if not decided.moved:
             return checkpoint, False
         try:
-            saved = await self._save(slot, decided.save, token) if decided.save is not None and saves else None
+            evicted = decided.save if saves else None
+            saved = await self._save(slot, evicted, token) if evicted is not None else None
         except BaseException:  # a cancel: the caller never gets the checkpoint to be done with
             if checkpoint is not None:
                 book.end_restore(session)
@@ -114,7 +122,8 @@ class AsyncSessions:
         try:
             refusal = restore_refusal(checkpoint, await self._info.props(token), now.tokens)
             if refusal is None:
-                restored = await self._cache._restore(dataclasses.replace(checkpoint, slot=slot), token)
+                here = dataclasses.replace(checkpoint, slot=slot)
+                restored = await self._cache._restore(here, token)
                 if restored:
                     turn = book.turn(session)
                     if turn is not None:
@@ -142,7 +151,8 @@ class AsyncSessions:
             checkpoint = await self._cache.save_to(slot, name, token)
         except InferError as exc:
             token.raise_if_cancelled()
-            log.warning("slot %d: the prompt of the session it held was not saved: %s", slot, loggable(exc))
+            why = loggable(exc)
+            log.warning("slot %d: the prompt of the session it held was not saved: %s", slot, why)
         finally:
             if checkpoint is None:
                 book.failed(holder, name)
@@ -150,7 +160,7 @@ class AsyncSessions:
             return None
         dropped = book.saved(holder, checkpoint)
         if dropped:
-            log.debug("%d sessions' checkpoints dropped under the disk cap, oldest first", len(dropped))
+            log.debug("%d sessions' checkpoints dropped under the disk cap", len(dropped))
         ms = (self._now() - started) * 1000
         return SessionSaved(holder, slot, checkpoint.tokens, checkpoint.bytes, ms)
 

@@ -108,7 +108,7 @@ class LlamaCalls:
             n_ctx=n_ctx,
         )
         self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
-        self.cache.sessions.busy = queue.busy  # a session is placed on a slot nobody holds or waits for
+        self.cache.sessions.busy = queue.busy  # sessions go to slots nobody holds or waits for
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ class LlamaCalls:
         return not self._queue.busy(slot) and not self.cache.wanted(slot)
 
     def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, flight: Flight, session: str | None = None
+        self, req: ChatRequest, body: bytes, token: CancelToken, flight: Flight
     ) -> Generator[Step, None, None]:
         """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
@@ -137,7 +137,7 @@ class LlamaCalls:
                     yield queued
                 flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
             machine.happened(Input.SLOT_FREE)
-            prepared = self.cache.before(req, body, token, loaded=flight.loaded, session=session)
+            prepared = self.cache.before(req, body, token, loaded=flight.loaded)
             machine.happened(Input.PREPARED)
             for event in prepared.events:  # a session's move, save and restore; the prediction
                 yield event
@@ -258,7 +258,7 @@ class LlamaCalls:
     ) -> tuple[str, Exchange, ChatStream, FirstByteWait]:
         """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits, conversation = self._limits, self._ids.take()
+        limits, conversation, slot = self._limits, self._ids.take(), placed(req)
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
             "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
@@ -273,7 +273,7 @@ class LlamaCalls:
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            wait = limits.first_byte_wait(sent, placed(req), flight.take_queued(), flight.take_charged())
+            wait = limits.first_byte_wait(sent, slot, flight.take_queued(), flight.take_charged())
             return conversation, exchange, stream, wait
         except BaseException:
             exchange.close()

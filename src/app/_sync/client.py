@@ -165,10 +165,10 @@ class Client:
                         if session is not None and req.slot is None:  # placed once per call
                             req = llama.cache.sessions.place(req, session, token)
                         body = llama.info.render(req, token)  # a request refused connects nothing
-                        if llama.sends_at_once(placed(req)):  # the proxy's accept runs while the call sets out
+                        if llama.sends_at_once(placed(req)):  # accepted while the call sets out
                             link = llama.info.link_ahead(token)
                     flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
-                    steps = llama.attempt(req, body, token, flight, session)
+                    steps = llama.attempt(req, body, token, flight)
                     try:
                         for step in steps:
                             yield step
@@ -179,7 +179,7 @@ class Client:
                     if charged.loaded:
                         machine.give_up(error)  # evicted again at once: not waited for twice
                     machine.happened(Input.MODEL_NOT_LOADED)
-                    for waiting in llama.info.load(llama.probe, req.slot or 0, token, charged):
+                    for waiting in llama.info.load(llama.probe, _slot(req), token, charged):
                         yield waiting  # loaded for this chat, which would load it anyway
                     machine.happened(Input.LOADED)
                 except InferError as error:
@@ -187,7 +187,7 @@ class Client:
                         raise
                     now = self._clock.now()
                     taken = machine.failed(error, now)  # raised, if not retried
-                    yield log_retry(req.slot or 0, machine.attempts, taken, now)  # 0: a session not placed yet
+                    yield log_retry(_slot(req), machine.attempts, taken, now)
                     self._clock.sleep(taken.after_s, token)
                     token.raise_if_cancelled()
                     machine.happened(taken.then)
@@ -209,6 +209,7 @@ class Client:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         with self._calls.scope(cancel) as token:
             token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
+            session_of(req)  # RequestError: neither slot nor session, or both
             return self._llama.info.render(req, token)
 
     def props(self, cancel: CancelToken | None = None, *, load: bool = False) -> Props:
@@ -270,6 +271,11 @@ class Client:
 
 def _ignore(event: object) -> None:
     """The events of a call that asked for none."""
+
+
+def _slot(req: ChatRequest) -> int:
+    """The request's slot; 0 for a session's before its call places it (a load, a retry's log)."""
+    return req.slot if req.slot is not None else 0
 
 
 def _sink(on_event: EventSink | None) -> EventSink:

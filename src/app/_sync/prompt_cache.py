@@ -78,19 +78,21 @@ _CANNOT_RENDER = frozenset({404, 501})
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """What `PromptCache.before` made of a turn: the events to emit before it is sent (a
-    session's move, save and restore, then the prediction), the prediction, the rendering, and
-    the session the turn runs in."""
+    session's move, save and restore, then the prediction), the prediction and the rendering."""
 
     events: tuple[ChatEvent, ...]
     prediction: CachePrediction | None
     rendered: Rendered | None
-    session: str | None
 
     @classmethod
     def of(
-        cls, events: list[ChatEvent], prediction: CachePrediction | None, rendered: Rendered | None, session: str | None
+        cls,
+        events: list[ChatEvent],
+        prediction: CachePrediction | None,
+        rendered: Rendered | None,
     ) -> Prepared:
-        return cls((*events, prediction) if prediction is not None else tuple(events), prediction, rendered, session)
+        said = (*events, prediction) if prediction is not None else tuple(events)
+        return cls(said, prediction, rendered)
 
 
 class PromptCache:
@@ -98,19 +100,12 @@ class PromptCache:
     (a slot's entries change only while the slot is held at the gate)."""
 
     def __init__(
-        self,
-        *,
-        info: ServerInfo,
-        settings: CacheSettings,
-        model: str,
-        memory: SlotMemory | None = None,
+        self, *, info: ServerInfo, settings: CacheSettings, model: str, memory: SlotMemory | None = None
     ) -> None:
         self._info = info
         self._settings = settings
         self._model = model
-        self._memory = (
-            memory if memory is not None else SlotMemory(model=model)
-        )  # shared with the other flavour's client
+        self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
         self.sessions = Sessions(self, info=info, memory=self._memory)
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
@@ -130,32 +125,40 @@ class PromptCache:
         memory = self._memory
         if not memory.renders:
             return False
-        checkpointed = slot in memory.checkpoints if session is None else self.sessions.has_checkpoint(session)
+        if session is None:
+            return self._settings.predict or (slot in memory.checkpoints and slot in memory.turns)
+        checkpointed = self.sessions.has_checkpoint(session)
         return self._settings.predict or (checkpointed and slot in memory.turns)
 
     def before(
-        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False, session: str | None = None
+        self,
+        req: ChatRequest,
+        body: bytes,
+        token: CancelToken,
+        *,
+        loaded: bool = False,
     ) -> Prepared:
-        """What comes before `req` is sent, the slot held at the gate: for a `session`, its
-        arrival on the slot (`Sessions.arrive`: the prompt of the session it evicts saved,
-        its own checkpoint restored); then the prediction (None without a previous request on
-        the slot) and the rendering (kept for the next one), restoring the slot's checkpoint if
-        it was emptied. `ModelNotLoaded` from a router that has not loaded the model (the caller
-        waits for it to load, then asks again with `loaded`: a second refusal skips the
-        prediction)."""
-        slot = placed(req)
+        """What comes before `req` is sent, the slot held at the gate: for a session's request,
+        its arrival on the slot (`Sessions.arrive`: the prompt of the session it evicts
+        saved, its own checkpoint restored); then the prediction (None without a previous
+        request on the slot) and the rendering (kept for the next one), restoring the slot's
+        checkpoint if it was emptied. `ModelNotLoaded` from a router that has not loaded the
+        model (the caller waits for it to load, then asks again with `loaded`: a second refusal
+        skips the prediction)."""
+        slot, session = placed(req), req.session
         events: list[ChatEvent] = []
         if session is None:
             self._memory.sessions.vacate(slot)
-            prediction, rendered = self._prepare(req, body, token, loaded, None, None)
-            return Prepared.of(events, prediction, rendered, None)
+            checkpoint = self._memory.checkpoints.get(slot)
+            return Prepared.of(events, *self._prepare(req, body, token, loaded, checkpoint))
         checkpoint, moving = self.sessions.arrive(slot, session, token, events)
         try:
-            prediction, rendered = self._prepare(req, body, token, loaded, checkpoint, session, moving, events)
+            moved = (checkpoint, events) if moving else None
+            prepared = self._prepare(req, body, token, loaded, checkpoint, moved)
+            return Prepared.of(events, *prepared)
         finally:
             if checkpoint is not None:
                 self.sessions.done_with(session)
-        return Prepared.of(events, prediction, rendered, session)
 
     def _prepare(
         self,
@@ -164,16 +167,13 @@ class PromptCache:
         token: CancelToken,
         loaded: bool,
         checkpoint: Checkpoint | None,
-        session: str | None,
-        moving: bool = False,
-        events: list[ChatEvent] | None = None,
+        moved: tuple[Checkpoint | None, list[ChatEvent]] | None = None,
     ) -> tuple[CachePrediction | None, Rendered | None]:
-        """The rendering and the prediction; with `moving`, `checkpoint` (the session's) is put
-        back into the slot first (`Sessions.restore`, its event added to `events`)."""
-        slot = placed(req)
-        if session is None:
-            checkpoint = self._memory.checkpoints.get(slot)
-        moving = moving and checkpoint is not None and self._memory.renders
+        """The rendering and the prediction; `checkpoint` is the slot's or the session's. With
+        `moved`, the session's checkpoint goes back into the slot first (`Sessions.restore`,
+        its event added to the events)."""
+        slot, session = placed(req), req.session
+        moving = moved is not None and checkpoint is not None and self._memory.renders
         if not (moving or self.wanted(slot, session)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
@@ -181,8 +181,9 @@ class PromptCache:
         try:
             now = self._render(body, token)
             restored = 0
-            if moving and checkpoint is not None and session is not None and events is not None:
-                restored = self.sessions.restore(slot, session, checkpoint, now, token, events)
+            if moving and moved is not None and checkpoint is not None and session is not None:
+                said = moved[1]
+                restored = self.sessions.restore(slot, session, checkpoint, now, token, said)
             previous = self._memory.turns.get(slot)
             if previous is None or (moving and not self._settings.predict):
                 return None, now
@@ -195,7 +196,8 @@ class PromptCache:
             held = slot_held(self._info.get(SLOTS_PATH, token, quick=True), slot)
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
-                restored = self._restore_before(dataclasses.replace(checkpoint, slot=slot), now, token) or 0
+                here = dataclasses.replace(checkpoint, slot=slot)  # a session's: saved elsewhere
+                restored = self._restore_before(here, now, token) or 0
                 if restored:
                     held = self._held(before, checkpoint, restored)
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
@@ -217,23 +219,27 @@ class PromptCache:
         last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
         return restored if last else min(restored, checkpoint.prompt_tokens)
 
-    def landed(self, req: ChatRequest, body: bytes, prepared: Prepared, completion: Completion) -> None:
+    def landed(
+        self,
+        req: ChatRequest,
+        body: bytes,
+        prepared: Prepared,
+        completion: Completion,
+    ) -> None:
         """Remember the completed request (for the slot, and for its session) and log it
         (`app.call_log.log_done`, against the one before it on the slot); check a restore by
         the cache the turn found."""
-        slot = placed(req)
+        slot, prediction, loss = placed(req), prepared.prediction, self._settings.loss_tokens
         previous = self._memory.turns.get(slot)
-        turn = SlotTurn.of(req, body, prepared.rendered, completion)
-        self._memory.turns[slot] = turn
-        if prepared.session is not None:
-            self._memory.sessions.landed(prepared.session, turn)
-        log_done(slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
-        prediction = prepared.prediction
+        turn = self._memory.turns[slot] = SlotTurn.of(req, body, prepared.rendered, completion)
+        if req.session is not None:
+            self._memory.sessions.landed(req.session, turn)
+        log_done(slot, completion, None if previous is None else previous.timings, loss)
         if prediction is None:
             return
         found = completion.timings.cache_n
         log.debug("slot %d: cache predicted %d tokens, found %d", slot, prediction.reused, found)
-        if prediction.restored and prediction.reused - found > self._settings.loss_tokens:
+        if prediction.restored and prediction.reused - found > loss:
             log.warning(
                 "slot %d: the restored checkpoint did not help: the turn reused %d tokens, not %d",
                 slot,
@@ -293,8 +299,8 @@ class PromptCache:
             return None
         saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")
         log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
-        model, ctx = server_model(props), props.n_ctx
-        return Checkpoint(slot, name, saved, size, props.chat_template_sha256, model, ctx, count, digest)
+        template, model, ctx = props.chat_template_sha256, server_model(props), props.n_ctx
+        return Checkpoint(slot, name, saved, size, template, model, ctx, count, digest)
 
     def restore(self, slot: int, token: CancelToken) -> int:
         """Put slot `slot`'s checkpoint back; the tokens restored. `RequestError` when it has
