@@ -29,6 +29,7 @@ SUITES = [
     ("first token with and without what is made ahead for the next request: its socket, its id", "socket_ahead_bench"),
     ("the client's own steps to the first token: the write's place in it, asyncio's wake", "client_steps_bench"),
     ("the cache prediction: its cost per turn and its error against the server's cache_n", "cache_bench"),
+    ("more sessions than slots: reuse and first token, slot= vs sessions", "sessions_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
 ]
 

@@ -63,6 +63,7 @@ class CachingLlama:
         self.template = template
         self.slots = slots
         self.restore_lies = False  # answer a restore as done, and restore nothing
+        self.bytes_per_token = 100  # what a saved file takes on disk, a token
         self.router = router
         self.load_s = load_s
         self.loaded_at: float | None = time.monotonic()  # None: unloaded; later than now: loading
@@ -152,10 +153,13 @@ class CachingLlama:
         if "action=save" in request.target.split("?", 1)[1].split("&"):
             self.files[name] = list(self.held[slot])
             tokens = len(self.held[slot])
-            return json_reply({"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": 100 * tokens})
+            size = self.bytes_per_token * tokens
+            saved = {"id_slot": slot, "filename": name, "n_saved": tokens, "n_written": size}
+            return json_reply(saved)
         if name not in self.files:
             return error_reply(400, "Unable to restore slot", "invalid_request_error")
         tokens = len(self.files[name])
         if not self.restore_lies:
             self.held[slot] = list(self.files[name])
-        return json_reply({"id_slot": slot, "filename": name, "n_restored": tokens, "n_read": 100 * tokens})
+        read = self.bytes_per_token * tokens
+        return json_reply({"id_slot": slot, "filename": name, "n_restored": tokens, "n_read": read})

@@ -74,6 +74,10 @@ SOCKET_PATH_BYTES = 107
 # model, percent-encoded in every GET's `?model=`, gets a quarter of it.
 SERVER_TARGET_BYTES = 8192
 MODEL_QUERY_BYTES = SERVER_TARGET_BYTES // 4
+# A session's checkpoint is its KV cache on the server's disk: 22 KiB a token for the small test
+# model, about 0.5 MiB for a 7B model at f16 (without GQA), so 4 GiB keeps a few long sessions;
+# past 1 TiB the cap no longer guards a disk.
+SESSION_DISK_MB, SESSION_DISK_MB_MAX = 4096, 1 << 20
 # The most problems one ConfigError names (then how many more there are).
 MAX_PROBLEMS = 10
 
@@ -228,6 +232,9 @@ class Cache(_Section):
     # requests and a `/slots` read per turn (see the README for their cost). A slot with a
     # checkpoint is predicted either way, to restore it when the server emptied it.
     predict: StrictBool = False
+    # The disk the sessions' checkpoints may take in the server's --slot-save-path folder, in MB
+    # (what it bounds exactly: `domain.checkpoint_pool`); 0 keeps none (sessions still placed).
+    session_disk_mb: Annotated[StrictInt, Field(ge=0, le=SESSION_DISK_MB_MAX)] = SESSION_DISK_MB
 
 
 class SelfTest(_Section):

@@ -93,6 +93,11 @@ def cache_settings(config: Config) -> CacheSettings:
     return CacheSettings(predict=config.cache.predict, loss_tokens=config.limits.cache_loss_tokens)
 
 
+def slot_memory(config: Config) -> SlotMemory:
+    disk = config.cache.session_disk_mb * 1_000_000
+    return SlotMemory(session_disk_bytes=disk, model=config.model)
+
+
 def total_slots(config: Config) -> int | None:
     return config.expect.total_slots if config.expect is not None else None
 
@@ -137,7 +142,8 @@ class Container(containers.DeclarativeContainer):
         model=config.provided.model,
     )
     gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
-    memory = providers.ThreadSafeSingleton(SlotMemory)  # what the slots hold, as both flavours saw it
+    # what the slots hold, as both flavours saw it, and the sessions on them
+    memory = providers.ThreadSafeSingleton(slot_memory, config)
     client = providers.ThreadSafeSingleton(
         Client,
         transport=transport,

@@ -106,6 +106,53 @@ class CachePrediction:
     restored: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SessionMoved:
+    """The session's request was placed on `slot`, which does not hold its prompt: `previous` is
+    the slot it ran on last (None: none yet), `evicted` the session whose prompt `slot` held (its
+    checkpoint is saved first: `SessionSaved`), None when it held none."""
+
+    session: str
+    slot: int
+    previous: int | None
+    evicted: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSaved:
+    """`session`'s prompt, `tokens` tokens on `slot`, saved to its checkpoint (`bytes` on the
+    server's disk, in `ms`) before another session's request overwrites it."""
+
+    session: str
+    slot: int
+    tokens: int
+    bytes: int
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRestored:
+    """`session`'s checkpoint, `tokens` tokens (`bytes` on the server's disk), put back into
+    `slot` in `ms`, before its request: the request reuses them as the slot's own."""
+
+    session: str
+    slot: int
+    tokens: int
+    bytes: int
+    ms: float
+
+
 ChatEvent = (
-    Queued | Waiting | CachePrediction | Progress | Reasoning | Content | ToolCallDelta | ThinkingCapped | Retrying
+    Queued
+    | Waiting
+    | SessionMoved
+    | SessionSaved
+    | SessionRestored
+    | CachePrediction
+    | Progress
+    | Reasoning
+    | Content
+    | ToolCallDelta
+    | ThinkingCapped
+    | Retrying
 )

@@ -99,20 +99,26 @@ class Sampling:
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    """One chat on one slot. `tools` is fixed for an epoch and may be empty.
+    """One chat, on one slot or in one session. `tools` is fixed for an epoch and may be empty.
 
-    The last five fields are per-request options; left at their defaults, the request renders
-    exactly as it would without them. `max_tokens` and `sampling` replace the config's values
-    for this request only; `stop` adds stop strings (the server cuts the answer before the
-    first one it meets); `response_format` is the chat-completions object that constrains the
-    answer, e.g. `{"type": "json_schema", "json_schema": {"name": "person", "schema": {...}}}`,
-    sent exactly as given; `prefill` is the answer's opening, sent after the messages as an
-    assistant message the server goes on from (the opening of a tool call in the template's
-    syntax forces a call where `tool_choice` alone does not), and kept out of the history.
+    Exactly one of `slot` and `session`: `slot` pins the request to that slot; `session` is the
+    daemon's own key for a conversation (a non-empty str of at most 256 characters, no control
+    characters), which the client places on a slot itself (`domain.sessions`), moving it between
+    slots through checkpoints when there are more sessions than slots.
+
+    `max_tokens`, `sampling`, `stop`, `response_format` and `prefill` are per-request options; left
+    at their defaults, the request renders exactly as it would without them. `max_tokens` and
+    `sampling` replace the config's values for this request only; `stop` adds stop strings (the
+    server cuts the answer before the first one it meets); `response_format` is the
+    chat-completions object that constrains the answer, e.g. `{"type": "json_schema",
+    "json_schema": {"name": "person", "schema": {...}}}`, sent exactly as given; `prefill` is the
+    answer's opening, sent after the messages as an assistant message the server goes on from (the
+    opening of a tool call in the template's syntax forces a call where `tool_choice` alone does
+    not), and kept out of the history.
     """
 
-    slot: int
-    messages: Sequence[ChatMessage]
+    slot: int | None = None
+    messages: Sequence[ChatMessage] = ()
     tools: Sequence[ToolSchema] = field(default_factory=tuple)
     thinking: bool = False
     tool_choice: ToolChoice = "auto"
@@ -121,3 +127,4 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     response_format: Mapping[str, Any] | None = None
     prefill: str | None = None
+    session: str | None = None

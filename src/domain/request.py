@@ -47,6 +47,7 @@ from domain.request_options import (
     stop_strings,
 )
 from domain.request_options import RequestSettings as RequestSettings  # its home: request_options
+from domain.sessions import session_of
 
 CONTROL_ACTION = "reasoning_end"
 
@@ -147,6 +148,9 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     """
     if not isinstance(req, ChatRequest):
         raise RequestError(f"the request must be a ChatRequest, not {type(req).__name__}")
+    if req.slot is None:  # a session's slot is known once its call places it
+        session_of(req)  # RequestError: neither slot nor session, or a bad key
+        raise RequestError("a body names its slot: a session's request has one once it is sent")
     slot = check_slot(req.slot, total_slots)
     messages = listed(req.messages, "messages", "messages")
     tools = listed(req.tools, "tools", "ToolSchemas")

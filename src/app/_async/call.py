@@ -59,6 +59,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
+from domain.sessions import placed
 from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
@@ -106,6 +107,7 @@ class AsyncLlamaCalls:
             n_ctx=n_ctx,
         )
         self.cache = AsyncPromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
+        self.cache.sessions.busy = queue.busy  # sessions go to slots nobody holds or waits for
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class AsyncLlamaCalls:
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
         or stalled after its head is re-attached (`_take_off`) and fed on into the same
         `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
-        slot, clock, machine = req.slot, self._clock, flight.machine
+        slot, clock, machine = placed(req), self._clock, flight.machine
         ticket = self._queue.enter(slot)
         try:
             if ticket.ahead:
@@ -134,10 +136,10 @@ class AsyncLlamaCalls:
                     yield queued
                 flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
             machine.happened(Input.SLOT_FREE)
-            prediction, rendered = await self.cache.before(req, body, token, loaded=flight.loaded)
+            prepared = await self.cache.before(req, body, token, loaded=flight.loaded)
             machine.happened(Input.PREPARED)
-            if prediction is not None:
-                yield prediction
+            for event in prepared.events:  # a session's move, save and restore; the prediction
+                yield event
             while True:
                 async for event in self._take_off(req, body, flight, token):
                     yield event
@@ -169,7 +171,7 @@ class AsyncLlamaCalls:
                         elif isinstance(step, Completion):
                             machine.happened(Input.COMPLETED)
                             flight.landed()
-                            self.cache.landed(req, body, rendered, prediction, step)
+                            self.cache.landed(req, body, prepared, step)
                             yield step
                             return
                         else:
@@ -195,7 +197,7 @@ class AsyncLlamaCalls:
         awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; a break after
         the head a `Retrying` and its wait (before it, raised: the call re-sends). A refused
         re-attach re-sends at once, if the call may."""
-        slot, now, machine = req.slot, self._clock.now, flight.machine
+        slot, now, machine = placed(req), self._clock.now, flight.machine
         while True:
             try:
                 if flight.stream is None:  # a request, under a new id (one frame: no generator of its own)
@@ -255,7 +257,7 @@ class AsyncLlamaCalls:
     ) -> tuple[str, AsyncExchange, ChatStream, FirstByteWait]:
         """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits, conversation = self._limits, self._ids.take()
+        limits, conversation, slot = self._limits, self._ids.take(), placed(req)
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = await self._transport.open(
             "POST", CHAT_PATH, body, timeout=limits.poll_s, cancel=token, headers=headers, link=link
@@ -270,7 +272,7 @@ class AsyncLlamaCalls:
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            wait = limits.first_byte_wait(sent, req.slot, flight.take_queued(), flight.take_charged())
+            wait = limits.first_byte_wait(sent, slot, flight.take_queued(), flight.take_charged())
             return conversation, exchange, stream, wait
         except BaseException:
             exchange.close()

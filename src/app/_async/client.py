@@ -47,6 +47,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
+from domain.sessions import placed, session_of
 from domain.waiting import Charged
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
@@ -149,8 +150,10 @@ class AsyncClient:
         part of the first attempt, so a server down or loading at that moment is retried too."""
         self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
         llama = self._llama
+        session: str | None = None
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
+            session = session_of(req)  # RequestError: neither slot nor session, or both
             machine = AttemptMachine(llama.attempts(), resend=retry)
             body: bytes | None = None
             charged = Charged()
@@ -158,8 +161,10 @@ class AsyncClient:
                 link = None
                 try:
                     if body is None:
+                        if session is not None and req.slot is None:  # placed once per call
+                            req = await llama.cache.sessions.place(req, session, token)
                         body = await llama.info.render(req, token)  # a request refused connects nothing
-                        if llama.sends_at_once(req.slot):  # the proxy's accept runs while the call sets out
+                        if llama.sends_at_once(placed(req)):  # accepted while the call sets out
                             link = await llama.info.link_ahead(token)
                     flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
                     steps = llama.attempt(req, body, token, flight)
@@ -173,7 +178,7 @@ class AsyncClient:
                     if charged.loaded:
                         machine.give_up(error)  # evicted again at once: not waited for twice
                     machine.happened(Input.MODEL_NOT_LOADED)
-                    async for waiting in llama.info.load(llama.probe, req.slot, token, charged):
+                    async for waiting in llama.info.load(llama.probe, _slot(req), token, charged):
                         yield waiting  # loaded for this chat, which would load it anyway
                     machine.happened(Input.LOADED)
                 except InferError as error:
@@ -181,7 +186,7 @@ class AsyncClient:
                         raise
                     now = self._clock.now()
                     taken = machine.failed(error, now)  # raised, if not retried
-                    yield log_retry(req.slot, machine.attempts, taken, now)
+                    yield log_retry(_slot(req), machine.attempts, taken, now)
                     await self._clock.sleep(taken.after_s, token)
                     token.raise_if_cancelled()
                     machine.happened(taken.then)
@@ -193,6 +198,8 @@ class AsyncClient:
                 raise token.error() from exc
             raise
         finally:
+            if session is not None and req.slot is not None:
+                llama.cache.sessions.release(req.slot)
             self._calls.end(token)
 
     # -- the small calls ----------------------------------------------------------------------
@@ -201,6 +208,7 @@ class AsyncClient:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         async with self._calls.scope(cancel) as token:
             token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
+            session_of(req)  # RequestError: neither slot nor session, or both
             return await self._llama.info.render(req, token)
 
     async def props(self, cancel: CancelToken | None = None, *, load: bool = False) -> Props:
@@ -262,6 +270,11 @@ class AsyncClient:
 
 def _ignore(event: object) -> None:
     """The events of a call that asked for none."""
+
+
+def _slot(req: ChatRequest) -> int:
+    """The request's slot; 0 for a session's before its call places it (a load, a retry's log)."""
+    return req.slot if req.slot is not None else 0
 
 
 def _sink(on_event: EventSink | None) -> EventSink:

@@ -63,6 +63,7 @@ class AsyncServerInfo:
     ) -> None:
         self._transport = transport
         self._clock = clock
+        self.clock = clock  # what the prompt cache times its saves and restores by
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots

@@ -60,6 +60,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
+from domain.sessions import placed
 from domain.waiting import FirstByteWait, gate_timeout
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
@@ -107,6 +108,7 @@ class LlamaCalls:
             n_ctx=n_ctx,
         )
         self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
+        self.cache.sessions.busy = queue.busy  # sessions go to slots nobody holds or waits for
 
     # -- a chat -------------------------------------------------------------------------------
 
@@ -125,7 +127,7 @@ class LlamaCalls:
         the request, its head (with its polls), then the stream to its `Completion`. A stream cut
         or stalled after its head is re-attached (`_take_off`) and fed on into the same
         `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
-        slot, clock, machine = req.slot, self._clock, flight.machine
+        slot, clock, machine = placed(req), self._clock, flight.machine
         ticket = self._queue.enter(slot)
         try:
             if ticket.ahead:
@@ -135,10 +137,10 @@ class LlamaCalls:
                     yield queued
                 flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
             machine.happened(Input.SLOT_FREE)
-            prediction, rendered = self.cache.before(req, body, token, loaded=flight.loaded)
+            prepared = self.cache.before(req, body, token, loaded=flight.loaded)
             machine.happened(Input.PREPARED)
-            if prediction is not None:
-                yield prediction
+            for event in prepared.events:  # a session's move, save and restore; the prediction
+                yield event
             while True:
                 for event in self._take_off(req, body, flight, token):
                     yield event
@@ -170,7 +172,7 @@ class LlamaCalls:
                         elif isinstance(step, Completion):
                             machine.happened(Input.COMPLETED)
                             flight.landed()
-                            self.cache.landed(req, body, rendered, prediction, step)
+                            self.cache.landed(req, body, prepared, step)
                             yield step
                             return
                         else:
@@ -196,7 +198,7 @@ class LlamaCalls:
         awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; a break after
         the head a `Retrying` and its wait (before it, raised: the call re-sends). A refused
         re-attach re-sends at once, if the call may."""
-        slot, now, machine = req.slot, self._clock.now, flight.machine
+        slot, now, machine = placed(req), self._clock.now, flight.machine
         while True:
             try:
                 if flight.stream is None:  # a request, under a new id (one frame: no generator of its own)
@@ -256,7 +258,7 @@ class LlamaCalls:
     ) -> tuple[str, Exchange, ChatStream, FirstByteWait]:
         """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits, conversation = self._limits, self._ids.take()
+        limits, conversation, slot = self._limits, self._ids.take(), placed(req)
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
             "POST", CHAT_PATH, body, timeout=limits.poll_s, cancel=token, headers=headers, link=link
@@ -271,7 +273,7 @@ class LlamaCalls:
             prompt = prompt_token_bound(len(body), self.info.n_ctx)
             budget = req.thinking and self._settings.thinking_budget is not None
             stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            wait = limits.first_byte_wait(sent, req.slot, flight.take_queued(), flight.take_charged())
+            wait = limits.first_byte_wait(sent, slot, flight.take_queued(), flight.take_charged())
             return conversation, exchange, stream, wait
         except BaseException:
             exchange.close()

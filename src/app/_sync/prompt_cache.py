@@ -22,21 +22,25 @@ Invariants:
   then has no prompt on record, and only `restore_slot` puts it back.
 - A checkpoint is restored only into a server with its template, model and slot context, before
   a request that begins with the prompt it covers: the server itself checks none of it.
-- The client remembers, per slot, only its last completed request and its last checkpoint.
+- The client remembers, per slot, only its last completed request and its last checkpoint; per
+  session, its last completed request and its checkpoint (`app._sync.sessions`), under the
+  disk cap (`[cache] session_disk_mb`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 
 from app._sync.info import ServerInfo
+from app._sync.sessions import Sessions
 from app.call_log import log_done
 from app.slot_memory import SlotMemory
 from domain.cancel import CancelToken
 from domain.completion import Completion
 from domain.errors import HttpError, InferError, ModelNotLoaded, RequestError, loggable
-from domain.events import CacheCause, CachePrediction
+from domain.events import CacheCause, CachePrediction, ChatEvent
 from domain.llama_api import (
     APPLY_TEMPLATE_PATH,
     SLOT_ACTIONS_UNSUPPORTED,
@@ -62,12 +66,33 @@ from domain.prompt_cache import (
     restore_refusal,
     server_model,
 )
+from domain.sessions import placed
 
-__all__ = ["PromptCache"]
+__all__ = ["PromptCache", "Prepared"]
 
 log = logging.getLogger("inferpath.client")
 
 _CANNOT_RENDER = frozenset({404, 501})
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `PromptCache.before` made of a turn: the events to emit before it is sent (a
+    session's move, save and restore, then the prediction), the prediction and the rendering."""
+
+    events: tuple[ChatEvent, ...]
+    prediction: CachePrediction | None
+    rendered: Rendered | None
+
+    @classmethod
+    def of(
+        cls,
+        events: list[ChatEvent],
+        prediction: CachePrediction | None,
+        rendered: Rendered | None,
+    ) -> Prepared:
+        said = (*events, prediction) if prediction is not None else tuple(events)
+        return cls(said, prediction, rendered)
 
 
 class PromptCache:
@@ -81,6 +106,7 @@ class PromptCache:
         self._settings = settings
         self._model = model
         self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
+        self.sessions = Sessions(self, info=info, memory=self._memory)
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
         return self._memory.checkpoints.get(slot)
@@ -93,39 +119,87 @@ class PromptCache:
         the next turn is not predicted from that one."""
         self._memory.turns.pop(slot, None)
 
-    def wanted(self, slot: int) -> bool:
-        """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is sent."""
+    def wanted(self, slot: int, session: str | None = None) -> bool:
+        """Whether a turn on `slot` is predicted (or its checkpoint may be restored) before it is
+        sent; a session's checkpoint is its own, not the slot's."""
         memory = self._memory
-        return memory.renders and (self._settings.predict or (slot in memory.checkpoints and slot in memory.turns))
+        if not memory.renders:
+            return False
+        if session is None:
+            return self._settings.predict or (slot in memory.checkpoints and slot in memory.turns)
+        checkpointed = self.sessions.has_checkpoint(session)
+        return self._settings.predict or (checkpointed and slot in memory.turns)
 
     def before(
-        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False
+        self,
+        req: ChatRequest,
+        body: bytes,
+        token: CancelToken,
+        *,
+        loaded: bool = False,
+    ) -> Prepared:
+        """What comes before `req` is sent, the slot held at the gate: for a session's request,
+        its arrival on the slot (`Sessions.arrive`: the prompt of the session it evicts
+        saved, its own checkpoint restored); then the prediction (None without a previous
+        request on the slot) and the rendering (kept for the next one), restoring the slot's
+        checkpoint if it was emptied. `ModelNotLoaded` from a router that has not loaded the
+        model (the caller waits for it to load, then asks again with `loaded`: a second refusal
+        skips the prediction)."""
+        slot, session = placed(req), req.session
+        events: list[ChatEvent] = []
+        if session is None:
+            self._memory.sessions.vacate(slot)
+            checkpoint = self._memory.checkpoints.get(slot)
+            return Prepared.of(events, *self._prepare(req, body, token, loaded, checkpoint))
+        checkpoint, moving = self.sessions.arrive(slot, session, token, events)
+        try:
+            moved = (checkpoint, events) if moving else None
+            prepared = self._prepare(req, body, token, loaded, checkpoint, moved)
+            return Prepared.of(events, *prepared)
+        finally:
+            if checkpoint is not None:
+                self.sessions.done_with(session)
+
+    def _prepare(
+        self,
+        req: ChatRequest,
+        body: bytes,
+        token: CancelToken,
+        loaded: bool,
+        checkpoint: Checkpoint | None,
+        moved: tuple[Checkpoint | None, list[ChatEvent]] | None = None,
     ) -> tuple[CachePrediction | None, Rendered | None]:
-        """The prediction for `req` (None without a previous request on the slot) and its
-        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied.
-        `ModelNotLoaded` from a router that has not loaded the model (the caller waits for it
-        to load, then asks again with `loaded`: a second refusal skips the prediction)."""
-        slot = req.slot
-        previous = self._memory.turns.get(slot)
-        checkpoint = self._memory.checkpoints.get(slot)
-        if not self.wanted(slot):
+        """The rendering and the prediction; `checkpoint` is the slot's or the session's. With
+        `moved`, the session's checkpoint goes back into the slot first (`Sessions.restore`,
+        its event added to the events)."""
+        slot, session = placed(req), req.session
+        moving = moved is not None and checkpoint is not None and self._memory.renders
+        if not (moving or self.wanted(slot, session)):
             return None, None
         rendering = True  # a 404 or 501 here, and only here, says the server cannot render
         now: Rendered | None = None
         try:
             now = self._render(body, token)
-            if previous is None:
+            restored = 0
+            if moving and moved is not None and checkpoint is not None and session is not None:
+                said = moved[1]
+                restored = self.sessions.restore(slot, session, checkpoint, now, token, said)
+            previous = self._memory.turns.get(slot)
+            if previous is None or (moving and not self._settings.predict):
                 return None, now
             before = previous.rendered or self._render(previous.body, token)
             rendering = False
-            held = slot_held(self._info.get(SLOTS_PATH, token, quick=True), slot)
             loss = self._settings.loss_tokens
+            if restored:  # the session's checkpoint, just put back: the slot holds what it covers
+                kept = self._held(before, checkpoint, restored)
+                return predict(previous, before, req, now, kept, loss, restored=restored), now
+            held = slot_held(self._info.get(SLOTS_PATH, token, quick=True), slot)
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
-                restored = self._restore_before(checkpoint, now, token)
-                if restored is not None:
-                    last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
-                    held = restored if last else min(restored, checkpoint.prompt_tokens)
+                here = dataclasses.replace(checkpoint, slot=slot)  # a session's: saved elsewhere
+                restored = self._restore_before(here, now, token) or 0
+                if restored:
+                    held = self._held(before, checkpoint, restored)
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
@@ -137,27 +211,38 @@ class PromptCache:
         log.debug("slot %d: %s", slot, prediction)
         return prediction, now
 
+    @staticmethod
+    def _held(before: Rendered, checkpoint: Checkpoint | None, restored: int) -> int:
+        """What a slot holds of the previous request after `restored` tokens of `checkpoint`
+        went back into it: all, if the checkpoint was taken after that request."""
+        assert checkpoint is not None
+        last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
+        return restored if last else min(restored, checkpoint.prompt_tokens)
+
     def landed(
         self,
         req: ChatRequest,
         body: bytes,
-        rendered: Rendered | None,
-        prediction: CachePrediction | None,
+        prepared: Prepared,
         completion: Completion,
     ) -> None:
-        """Remember the completed request and log it (`app.call_log.log_done`, against the one
-        before it on the slot); check a restore by the cache the turn found."""
-        previous = self._memory.turns.get(req.slot)
-        self._memory.turns[req.slot] = SlotTurn.of(req, body, rendered, completion)
-        log_done(req.slot, completion, None if previous is None else previous.timings, self._settings.loss_tokens)
+        """Remember the completed request (for the slot, and for its session) and log it
+        (`app.call_log.log_done`, against the one before it on the slot); check a restore by
+        the cache the turn found."""
+        slot, prediction, loss = placed(req), prepared.prediction, self._settings.loss_tokens
+        previous = self._memory.turns.get(slot)
+        turn = self._memory.turns[slot] = SlotTurn.of(req, body, prepared.rendered, completion)
+        if req.session is not None:
+            self._memory.sessions.landed(req.session, turn)
+        log_done(slot, completion, None if previous is None else previous.timings, loss)
         if prediction is None:
             return
         found = completion.timings.cache_n
-        log.debug("slot %d: cache predicted %d tokens, found %d", req.slot, prediction.reused, found)
-        if prediction.restored and prediction.reused - found > self._settings.loss_tokens:
+        log.debug("slot %d: cache predicted %d tokens, found %d", slot, prediction.reused, found)
+        if prediction.restored and prediction.reused - found > loss:
             log.warning(
                 "slot %d: the restored checkpoint did not help: the turn reused %d tokens, not %d",
-                req.slot,
+                slot,
                 found,
                 prediction.reused,
             )
@@ -183,6 +268,14 @@ class PromptCache:
     def save(self, slot: int, token: CancelToken) -> Checkpoint | None:
         """Save what slot `slot` holds to the server's save folder and remember it; None when the
         server keeps no checkpoints (501, one WARNING, and never asked again)."""
+        checkpoint = self.save_to(slot, checkpoint_filename(slot, self._model), token)
+        if checkpoint is not None:
+            self._memory.checkpoints[slot] = checkpoint
+        return checkpoint
+
+    def save_to(self, slot: int, name: str, token: CancelToken) -> Checkpoint | None:
+        """Save what slot `slot` holds to the file `name`, with the prompt it covers on record
+        (the slot's last completed request); None as `save`."""
         if not self._memory.saves:
             return None
         props = self._info.props(token)
@@ -196,7 +289,6 @@ class PromptCache:
             except InferError as exc:
                 if not self._cannot_render(exc):
                     raise
-        name = checkpoint_filename(slot, self._model)
         try:
             answer = self._info.post(slot_action_path(slot, "save"), slot_action_body(name, self._model), token)
         except HttpError as exc:
@@ -206,20 +298,9 @@ class PromptCache:
             log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
             return None
         saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")
-        checkpoint = Checkpoint(
-            slot=slot,
-            filename=name,
-            tokens=saved,
-            bytes=size,
-            template_sha256=props.chat_template_sha256,
-            model=server_model(props),
-            n_ctx=props.n_ctx,
-            prompt_tokens=count,
-            prompt_sha256=digest,
-        )
-        self._memory.checkpoints[slot] = checkpoint
         log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
-        return checkpoint
+        template, model, ctx = props.chat_template_sha256, server_model(props), props.n_ctx
+        return Checkpoint(slot, name, saved, size, template, model, ctx, count, digest)
 
     def restore(self, slot: int, token: CancelToken) -> int:
         """Put slot `slot`'s checkpoint back; the tokens restored. `RequestError` when it has
