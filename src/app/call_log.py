@@ -1,5 +1,6 @@
 """What a call logs, the same for both flavours: the WARNING line of a retry the attempt machine
-(`domain.attempt`) decided and the DEBUG lines of a finished call. No line carries the server's text (`loggable`)."""
+(`domain.attempt`) decided and the DEBUG lines of a finished call. No line carries the server's
+text (`loggable`)."""
 
 from __future__ import annotations
 
@@ -32,17 +33,24 @@ def log_done(slot: int, completion: Completion, previous: Timings | None, loss_t
         ", thinking capped" if completion.thinking_capped else "",
     )
     if previous is not None and log.isEnabledFor(logging.DEBUG):
-        log.debug("slot %d: against the request before it: %s", slot, cache_outcome(previous, t, loss_tokens))
+        log.debug(
+            "slot %d: against the request before it: %s",
+            slot,
+            cache_outcome(previous, t, loss_tokens),
+        )
 
 
-def log_retry(slot: int, attempts: Attempts, taken: Next, now: float, *, offset: int | None = None) -> Retrying:
+def log_retry(
+    slot: int, attempts: Attempts, taken: Next, now: float, *, offset: int | None = None
+) -> Retrying:
     """Log the retry the attempt machine decided (`taken`) at WARNING, with how long the retries
     may still wait, and return its `Retrying` event. `offset` is where a re-attach will pick the
     body up, when the next try is one."""
     how = "re-send" if offset is None else f"re-attach at body byte {offset}"
     event = taken.event
     log.warning(
-        "slot %d: %s as attempt %d in %d ms after %s (attempt %d of %d; at most %d ms of waits left)",
+        "slot %d: %s as attempt %d in %d ms after %s"
+        " (attempt %d of %d; at most %d ms of waits left)",
         slot,
         how,
         event.attempt,
@@ -59,7 +67,8 @@ def log_resent_at_once(slot: int, attempt: int, cut: InferError) -> None:
     """The WARNING line of a re-attach the server refused (it forgot the conversation, or the
     offset left its ring): the running attempt sends the request again at once."""
     log.warning(
-        "slot %d: re-send at once within attempt %d after %s: the server cannot give the rest of the stream",
+        "slot %d: re-send at once within attempt %d after %s:"
+        " the server cannot give the rest of the stream",
         slot,
         attempt,
         loggable(cut),

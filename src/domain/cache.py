@@ -33,13 +33,16 @@ class CacheOutcome:
     def __str__(self) -> str:
         verdict, bound = ("cache loss", "more than") if self.lost else ("cache hit", "no more than")
         return (
-            f"{verdict}: reused {self.cached} of the {self.expected} tokens it could of what the previous request"
+            f"{verdict}: reused {self.cached} of the {self.expected} tokens it could"
+            " of what the previous request"
             " left in the slot; "
             f"{self.shortfall} processed again, {bound} the {self.loss_tokens} allowed"
         )
 
 
-def cache_outcome(previous: Timings, current: Timings, loss_tokens: int = CACHE_LOSS_TOKENS) -> CacheOutcome:
+def cache_outcome(
+    previous: Timings, current: Timings, loss_tokens: int = CACHE_LOSS_TOKENS
+) -> CacheOutcome:
     if loss_tokens < 0:
         raise ValueError(f"loss_tokens must not be negative, not {loss_tokens}")
     expected = previous.cache_n + previous.prompt_n + previous.predicted_n

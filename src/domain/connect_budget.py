@@ -52,7 +52,8 @@ class ConnectBudget:
 
     @classmethod
     def of_proxy(cls, burst: int, rate: float) -> ConnectBudget:
-        """The client's budget for a proxy started with `--burst burst --rate rate`: a little inside it."""
+        """The client's budget for a proxy started with `--burst burst --rate rate`: a little
+        inside it."""
         return cls(max(1, burst - _BURST_MARGIN), rate * _RATE_MARGIN)
 
     def __repr__(self) -> str:

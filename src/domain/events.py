@@ -85,7 +85,9 @@ class CacheCause(enum.Enum):
     """Why a request will not reuse what the slot's previous request left there."""
 
     MESSAGE_CHANGED = "message_changed"  # a message the previous request sent is changed or gone
-    OPTIONS_CHANGED = "options_changed"  # the tools or the thinking switch, rendered into the prompt
+    OPTIONS_CHANGED = (
+        "options_changed"  # the tools or the thinking switch, rendered into the prompt
+    )
     REASONING_DROPPED = "reasoning_dropped"  # the template renders the previous answer without it
     SLOT_EMPTIED = "slot_emptied"  # the server no longer holds them (a restart, a unified KV cache)
 

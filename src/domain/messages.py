@@ -60,7 +60,9 @@ class ToolMessage:
         if not isinstance(call.id, str):
             raise TypeError(f"call.id must be a str, not {type(call.id).__name__}")
         if not isinstance(content, str):
-            raise TypeError(f"content must be a str, not {type(content).__name__}{_how_to_text(content)}")
+            raise TypeError(
+                f"content must be a str, not {type(content).__name__}{_how_to_text(content)}"
+            )
         return cls(call.id, content)
 
 

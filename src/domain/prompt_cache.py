@@ -79,7 +79,12 @@ class Rendered:
 def _key(message: ChatMessage) -> tuple[object, ...]:
     """A message as a comparable value (a list of tool calls equals the same tuple)."""
     if isinstance(message, AssistantMessage):
-        return ("assistant", message.content or None, message.reasoning_content, tuple(message.tool_calls))
+        return (
+            "assistant",
+            message.content or None,
+            message.reasoning_content,
+            tuple(message.tool_calls),
+        )
     return (type(message).__name__, *(getattr(message, name) for name in message.__slots__))
 
 
@@ -119,7 +124,9 @@ class SlotTurn:
         return self.timings.total
 
     @classmethod
-    def of(cls, req: ChatRequest, body: bytes, rendered: Rendered | None, completion: Completion) -> SlotTurn:
+    def of(
+        cls, req: ChatRequest, body: bytes, rendered: Rendered | None, completion: Completion
+    ) -> SlotTurn:
         reasoning = completion.reasoning_content or ""
         start = (reasoning or completion.content or "").strip()[:_ANSWER_START]
         return cls(
@@ -166,7 +173,10 @@ def _sent_back(previous: SlotTurn, req: ChatRequest) -> bool:
     index = len(previous.messages)
     messages = _sent(req)
     sent = messages[index] if index < len(messages) else None
-    return isinstance(sent, AssistantMessage) and _answer(sent.content, sent.tool_calls) == previous.answer
+    return (
+        isinstance(sent, AssistantMessage)
+        and _answer(sent.content, sent.tool_calls) == previous.answer
+    )
 
 
 def _goes_on(previous: SlotTurn, before: Rendered, req: ChatRequest, now: Rendered) -> bool:
@@ -205,7 +215,9 @@ def predict(
         reused, where = max(common, total - 1), (None, None)
     else:
         reused, where = common, _in_answer(previous, req)
-    reused = min(reused, total)  # a /tokenize that disagrees with the server's own count claims no more
+    reused = min(
+        reused, total
+    )  # a /tokenize that disagrees with the server's own count claims no more
     if held is not None and held < reused:
         if reused - held > loss_tokens:
             where = (None, CacheCause.SLOT_EMPTIED)
@@ -267,7 +279,9 @@ class Checkpoint:
     prompt_sha256: str
 
 
-def restore_refusal(checkpoint: Checkpoint, props: Props, tokens: Sequence[int] | None) -> str | None:
+def restore_refusal(
+    checkpoint: Checkpoint, props: Props, tokens: Sequence[int] | None
+) -> str | None:
     """None when `checkpoint` may go back into a server that says `props`, before a request whose
     prompt is `tokens` (None: no request); else why not, in words that quote nothing the server
     sent (they are logged). The server checks none of it: a file saved under another template

@@ -65,7 +65,8 @@ def _content(value: object, index: int) -> str:  # `_text`, the where said only 
 
 
 def listed(value: Any, where: str, what: str) -> Sequence[Any]:
-    """`value` if it is a sequence (a tuple or a list, most often), not a string; else `RequestError`."""
+    """`value` if it is a sequence (a tuple or a list, most often), not a string; else
+    `RequestError`."""
     if type(value) is tuple or type(value) is list:
         return value
     if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
@@ -99,10 +100,14 @@ def message_dict(message: object, index: int) -> dict[str, Any]:
             "content": _text(message.content, f"{where}.content", optional=True),
         }
         if message.reasoning_content is not None:
-            out["reasoning_content"] = _text(message.reasoning_content, f"{where}.reasoning_content")
+            out["reasoning_content"] = _text(
+                message.reasoning_content, f"{where}.reasoning_content"
+            )
         calls = listed(message.tool_calls, f"{where}.tool_calls", "ToolCalls")
         if calls:
-            out["tool_calls"] = [_tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)]
+            out["tool_calls"] = [
+                _tool_call(call, f"{where}.tool_calls[{i}]") for i, call in enumerate(calls)
+            ]
         return out
     if isinstance(message, ToolMessage):
         return {
@@ -140,7 +145,9 @@ def check_slot(slot: object, total_slots: int | None) -> int:
     return slot
 
 
-def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots: int | None) -> bytes:
+def build_chat_body(
+    req: ChatRequest, settings: RequestSettings, *, total_slots: int | None
+) -> bytes:
     """The `POST /v1/chat/completions` body for `req`; `RequestError` if it must not be sent.
 
     `total_slots` is the server's slot count (from config or `/props`); `None` skips the upper
@@ -157,7 +164,9 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     if not messages:
         raise RequestError("a request needs at least one message")
     if req.tool_choice not in TOOL_CHOICES:
-        raise RequestError(f"tool_choice {req.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}")
+        raise RequestError(
+            f"tool_choice {req.tool_choice!r} is not one of {', '.join(TOOL_CHOICES)}"
+        )
     if not isinstance(req.thinking, bool):
         raise RequestError(f"thinking must be a bool, not {type(req.thinking).__name__}")
     max_tokens = effective_max_tokens(req, settings)
@@ -165,7 +174,10 @@ def build_chat_body(req: ChatRequest, settings: RequestSettings, *, total_slots:
     stop = stop_strings(req.stop)
     response_format = checked_response_format(req.response_format)
     if response_format is not None and tools and req.tool_choice == "required":
-        raise RequestError('response_format cannot be combined with tool_choice "required": the answer is held to it')
+        raise RequestError(
+            'response_format cannot be combined with tool_choice "required":'
+            " the answer is held to it"
+        )
     prefill = checked_prefill(req.prefill, thinking=req.thinking, last=messages[-1])
 
     rendered = [message_dict(m, i) for i, m in enumerate(messages)]

@@ -34,7 +34,9 @@ def _set_once(index: int, field: str, old: str | None, new: object) -> str | Non
     if type(new) is not str:
         raise ProtocolError(f"tool call {index}: {field} is a {type(new).__name__}, not a string")
     if old is not None and old != new:
-        raise ProtocolError(f"tool call {index} changed its {field} from {shown(old)} to {shown(new)}")
+        raise ProtocolError(
+            f"tool call {index} changed its {field} from {shown(old)} to {shown(new)}"
+        )
     return new
 
 
@@ -58,7 +60,9 @@ class ToolCalls:
         for delta in deltas:
             index = delta.get("index")
             if type(index) is not int or index < 0:
-                raise ProtocolError(f"tool call delta has index {shown(index)}, not a non-negative integer")
+                raise ProtocolError(
+                    f"tool call delta has index {shown(index)}, not a non-negative integer"
+                )
             call = self._calls.get(index)
             if call is None:
                 if self._max is not None and len(self._calls) >= self._max:

@@ -159,7 +159,8 @@ class FirstByteWait:
 
     @property
     def unresponsive_s(self) -> float:
-        """Unresponsive time charged so far; it counts against `load_wait_ms` with `unavailable_s`."""
+        """Unresponsive time charged so far; it counts against `load_wait_ms` with
+        `unavailable_s`."""
         return self._unresponsive
 
     @property
@@ -174,7 +175,8 @@ class FirstByteWait:
 
     @property
     def loading_s(self) -> float:
-        """Time charged so far to the model loading (or waking), with what was given at the start."""
+        """Time charged so far to the model loading (or waking), with what was given at the
+        start."""
         return self._loading
 
     @property
@@ -218,7 +220,11 @@ class FirstByteWait:
                 self._unresponsive_seen = True
             else:
                 self._loading += interval
-            event = Waiting(slot_busy=False, unresponsive=state is SlotState.UNRESPONSIVE, model=_MODEL.get(state))
+            event = Waiting(
+                slot_busy=False,
+                unresponsive=state is SlotState.UNRESPONSIVE,
+                model=_MODEL.get(state),
+            )
             if _reached(self._unavailable + self._unresponsive + self._loading, self._load_wait_s):
                 return WaitDecision(event, LoadTimeout(self._load_message()))
             return WaitDecision(event)
@@ -245,7 +251,8 @@ class FirstByteWait:
         parts = [f"the model was loading for {_ms(self._loading)}"] if self._loading else []
         if self._unresponsive_seen:
             parts.append(
-                f"the server accepted connections but answered nothing for {_ms(self._unresponsive)} "
+                "the server accepted connections but answered nothing for"
+                f" {_ms(self._unresponsive)} "
                 "(unresponsive: paused or stuck)"
             )
         together = "them" if len(parts) > 1 else "the two"
@@ -257,7 +264,9 @@ class FirstByteWait:
         return f"no data {_ms(self._last - self._sent_at)} after sending, {self._polls} polls"
 
 
-_LOAD_STATES = frozenset({SlotState.UNAVAILABLE, SlotState.UNRESPONSIVE, SlotState.LOADING, SlotState.ASLEEP})
+_LOAD_STATES = frozenset(
+    {SlotState.UNAVAILABLE, SlotState.UNRESPONSIVE, SlotState.LOADING, SlotState.ASLEEP}
+)
 _MODEL = {SlotState.LOADING: ModelWait.LOADING, SlotState.ASLEEP: ModelWait.ASLEEP}
 
 
