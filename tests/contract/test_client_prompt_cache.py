@@ -28,7 +28,7 @@ from app.container import Container
 from cache_server import ANSWER, CachingLlama, render
 from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.cancel import CancelToken
-from domain.errors import Cancelled, ClientClosed, RequestError, StreamClosedEarly
+from domain.errors import Cancelled, ClientClosed, RequestError, Stalled, StreamClosedEarly
 from domain.events import CacheCause, CachePrediction, ChatEvent, Content
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
@@ -39,12 +39,12 @@ ASK = UserMessage("What is the capital of France?")
 LONG_REASONING = "The user asks for a capital. France's capital is Paris, as every atlas says. " * 2
 
 
-def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000) -> Client:
+def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000, **limits: int) -> Client:
     """A client whose prediction requests may take up to `poll_ms` (the probe's limit)."""
     data: dict[str, Any] = {
         "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
-        "limits": {**LIMITS, "poll_ms": poll_ms},
+        "limits": {**LIMITS, "poll_ms": poll_ms, **limits},
         "retry": RETRY,
         "cache": {"predict": predict},
     }
@@ -156,6 +156,24 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
     assert Content(ANSWER) in events and predictions(events) == []
 
 
+def test_a_server_wedged_at_the_restore_ends_the_turn_within_the_turns_own_wait(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The restore and the chat are never answered and the slot reads idle: the turn ends on its
+    # idle grace, counted from the slot taken, the restore inside it on the probe's short limit
+    # (not a whole `load_wait_ms` spent on the restore before the turn's own wait starts).
+    _, client = saved_then_restarted(server, client_kind, poll_ms=100, idle_grace_ms=200, load_wait_ms=2000)
+    server.route("POST", "/slots/0", silence())
+    server.route("POST", "/v1/chat/completions", silence())
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="inferpath"), pytest.raises(Stalled, match="idle"):
+        turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    elapsed = time.monotonic() - started
+    assert any("not restored: Stalled" in r.getMessage() for r in caplog.records), caplog.text
+    # idle grace 200 ms from the slot taken, polled each 100 ms: about 0.3 s; 2.3 s before
+    assert elapsed < 0.6, elapsed
+
+
 @pytest.mark.parametrize("status", [404, 501])
 def test_a_slots_answer_of_404_or_501_skips_one_turn_and_turns_nothing_off(
     server: FakeServer, client_kind: Kind, status: int, caplog: pytest.LogCaptureFixture
@@ -199,10 +217,10 @@ def test_a_token_id_that_is_not_one_skips_the_prediction_not_the_turn(
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def saved_then_restarted(server: FakeServer, kind: Kind) -> tuple[CachingLlama, Client]:
+def saved_then_restarted(server: FakeServer, kind: Kind, **limits: int) -> tuple[CachingLlama, Client]:
     """One turn on slot 0, its checkpoint saved, and the server restarted (the slot emptied)."""
     llama = CachingLlama(server)
-    client = client_for(kind, server)
+    client = client_for(kind, server, **limits)
     turn(client, SYSTEM, ASK)
     assert client.save_slot(0) is not None
     llama.restart()

@@ -24,14 +24,19 @@ from typing import NoReturn
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
 from domain.cancel import CancelToken
+from domain.chat_stream import ChatStream
 from domain.errors import HttpError, InferError, ModelNotLoaded, Stalled, http_error, loggable
 from domain.limits import ClientLimits
 from domain.llama_api import (
     CONTROL_PATH,
     MODELS_PATH,
+    REATTACH_REFUSED,
     SLOTS_PATH,
+    STREAM_PATH,
     control_refusal,
     not_a_stream,
+    reattach_later,
+    reattach_path,
     slot_state,
     with_model,
 )
@@ -40,7 +45,17 @@ from ports.clock import AsyncClock
 from ports.slot_probe import SlotState
 from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, ResponseHead, TimedOut
 
-__all__ = ["AsyncHttpSlotProbe", "check_stream_head", "error_body", "fetch", "read_all", "refuse", "stop"]
+__all__ = [
+    "AsyncHttpSlotProbe",
+    "Refused",
+    "check_stream_head",
+    "error_body",
+    "fetch",
+    "read_all",
+    "reattach",
+    "refuse",
+    "stop",
+]
 
 # How often, and how far apart, a cut on a router asks `/models` whether the model is still loaded.
 _UNLOAD_LOOKS, _UNLOAD_LOOK_S = 4, 0.1
@@ -133,6 +148,47 @@ async def post_control(
     except InferError as exc:
         token.raise_if_cancelled()
         return f"{type(exc).__name__}: {exc}"
+
+
+async def reattach(
+    transport: AsyncTransport,
+    clock: AsyncClock,
+    limits: ClientLimits,
+    conversation: str,
+    stream: ChatStream,
+    consumed: int,
+    token: CancelToken,
+) -> tuple[AsyncExchange, int]:
+    """The rest of `conversation`'s body from the `consumed` bytes (a little before: read again,
+    and checked), on a new connection: the connection and the offset it starts at. `Refused`:
+    404, 400; a break (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
+    offset, tail = stream.replay(consumed)  # `tail` read again, checked: the replay's start
+    wait, path = limits.reattach_wait_s, reattach_path(conversation, offset)
+    exchange = await transport.open("GET", path, None, timeout=wait, cancel=token)
+    try:
+        head = await exchange.head(wait)
+        if isinstance(head, TimedOut):
+            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
+        client_log.debug("re-attach from body byte %d: response head %d", offset, head.status)
+        if head.status in REATTACH_REFUSED:
+            raise Refused(head.status)
+        if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
+            raise later
+        await check_stream_head(exchange, head, clock, limits)
+    except BaseException:
+        exchange.close()
+        raise
+    stream.resumed(clock.now(), tail)
+    return exchange, offset
+
+
+class Refused(Exception):
+    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
+    400: the offset left its ring). Never leaves the chat's driver (`app._async.call`)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"re-attach refused with HTTP {status}")
+        self.status = status
 
 
 async def check_stream_head(

@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncGenerator
 
 from app._async.fetch import fetch, read_all, refuse
+from domain.attempt import AttemptMachine
 from domain.cancel import CancelToken
 from domain.errors import InferError
 from domain.events import Waiting
@@ -38,7 +39,6 @@ from domain.llama_api import (
 )
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
-from domain.waiting import Charged
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncTransport, Link, TimedOut
@@ -76,10 +76,10 @@ class AsyncServerInfo:
             check_slot(req.slot, await self.slot_count(token))
         return body
 
-    async def props(self, token: CancelToken, *, load: bool = False) -> Props:
+    async def props(self, token: CancelToken, *, load: bool = False, quick: bool = False) -> Props:
         """`/props` of the config's model; `load`: a router loads it if it is not (under the
-        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`."""
-        return self.learned(parse_props(await self.get(PROPS_PATH, token, load=load)))
+        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`; `quick`: as `get`'s."""
+        return self.learned(parse_props(await self.get(PROPS_PATH, token, quick=quick, load=load)))
 
     def learned(self, props: Props) -> Props:
         """Keep what `props` says of the slots, where the config did not pin it."""
@@ -129,33 +129,31 @@ class AsyncServerInfo:
             return None
 
     async def load(
-        self, probe: AsyncSlotProbe, slot: int, token: CancelToken, charged: Charged
+        self, probe: AsyncSlotProbe, machine: AttemptMachine, token: CancelToken
     ) -> AsyncGenerator[Waiting, None]:
-        """Have a router load the model for a chat about to be sent on `slot`, and learn its
-        `/props`: a `GET /props` that loads it, its head awaited with a `probe` each `poll_ms`
-        (`Waiting`: loading, or behind another model's work) under the chat's own budgets, what
-        it charged kept in `charged` for the chat's wait. A model already loaded answers at once."""
-        limits, clock, now = self._limits, self._clock, self._clock.now
+        """Have a router load the model for a chat about to be sent on the machine's slot, and
+        learn its `/props`: a `GET /props` that loads it, its head awaited with a `probe` each
+        `poll_ms` (`Waiting`: loading, or behind another model's work) under the chat's own
+        budgets, charged by the machine (`AttemptMachine.load_wait`). A model already loaded
+        answers at once."""
+        limits, clock, now, slot = self._limits, self._clock, self._clock.now, machine.slot
         token.raise_if_cancelled()
         path = with_model(PROPS_PATH, self._settings.model)
         exchange = await self._transport.open("GET", path, None, timeout=limits.poll_ms / 1000.0, cancel=token)
         try:
-            wait = limits.first_byte_wait(now(), slot, before=charged)
+            wait = machine.load_wait(now())
             log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)
             while isinstance(head := await exchange.head(wait.timeout(now())), TimedOut):
-                decision = wait.on_poll(now(), await probe.state(slot, token))
-                charged.carry(wait)
+                decision = machine.polled(now(), await probe.state(slot, token))
                 token.raise_if_cancelled()
                 yield decision.event
                 if decision.error is not None:
                     raise decision.error
-            charged.carry(wait)
             if head.status != 200:
                 await refuse(exchange, head, clock, limits)
             raw = await read_all(exchange, clock, limits.body_bytes, limits.liveness_s)
         finally:
             exchange.close()
-        charged.loaded = True
         self.learned(parse_props(raw))
         log.debug("slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now()))
 

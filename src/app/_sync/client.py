@@ -29,17 +29,14 @@ from collections.abc import Generator, Callable
 from types import TracebackType
 
 from app._sync.call import LlamaCalls
-from app._sync.flight import Flight
-from app.call_log import log_retry
 from app.calls import CLOSE_WAIT_S, Calls, Inner
 from app.event_stream import EventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
-from domain.attempt import AttemptMachine, Input
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import InferError, ModelNotLoaded
+from domain.errors import InferError
 from domain.events import ChatEvent
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -48,7 +45,6 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
-from domain.waiting import Charged
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
 from ports.transport import Transport
@@ -149,46 +145,14 @@ class Client:
         unclosed). Learning the slot count from `/props` (when the config does not give it) is
         part of the first attempt, so a server down or loading at that moment is retried too."""
         self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
-        llama = self._llama
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            machine = AttemptMachine(llama.attempts(), resend=retry)
-            body: bytes | None = None
-            charged = Charged()
-            while True:
-                link = None
-                try:
-                    if body is None:
-                        body = llama.info.render(req, token)  # a request refused connects nothing
-                        if llama.sends_at_once(req.slot):  # the proxy's accept runs while the call sets out
-                            link = llama.info.link_ahead(token)
-                    flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
-                    steps = llama.attempt(req, body, token, flight)
-                    try:
-                        for step in steps:
-                            yield step
-                    finally:
-                        Inner.close(steps)
-                    return
-                except ModelNotLoaded as error:  # a router asked without loading (the slot count, the prediction)
-                    if charged.loaded:
-                        machine.give_up(error)  # evicted again at once: not waited for twice
-                    machine.happened(Input.MODEL_NOT_LOADED)
-                    for waiting in llama.info.load(llama.probe, req.slot, token, charged):
-                        yield waiting  # loaded for this chat, which would load it anyway
-                    machine.happened(Input.LOADED)
-                except InferError as error:
-                    if token.cancelled:
-                        raise
-                    now = self._clock.now()
-                    taken = machine.failed(error, now)  # raised, if not retried
-                    yield log_retry(req.slot, machine.attempts, taken, now)
-                    self._clock.sleep(taken.after_s, token)
-                    token.raise_if_cancelled()
-                    machine.happened(taken.then)
-                finally:
-                    if link is not None:
-                        link.close()  # never sent on; once it was, its exchange has closed it already
+            steps = self._llama.chat(req, token, retry=retry)
+            try:
+                for step in steps:
+                    yield step
+            finally:
+                Inner.close(steps)
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc
@@ -228,14 +192,14 @@ class Client:
         the slot emptied (a server restart) restores it by itself. None when the server keeps no
         checkpoints (started without `--slot-save-path`: one WARNING, then never asked again)."""
         with self._calls.scope(cancel) as token:
-            return self._llama.save_slot(slot, token)
+            return self._llama.holding(slot, token, self._llama.cache.save)
 
     def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
         """Put slot `slot`'s last checkpoint back into it; the tokens restored. `RequestError`
         when it has none, or when the server's template, model or slot context is not the one it
         was saved under."""
         with self._calls.scope(cancel) as token:
-            return self._llama.restore_slot(slot, token)
+            return self._llama.holding(slot, token, self._llama.cache.restore)
 
     # -- closing ------------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ and its checkpoint matches the server and the request, the checkpoint is restore
 turn's `cache_n` says whether that helped (a WARNING when it did not).
 
 Invariants:
-- The prediction's requests run on the server's HTTP thread and are answered at once: each gets
-  the probe's short limits (`ClientLimits.probe()`), so a server that does not answer them
-  delays a turn by at most three of those.
+- The prediction's requests and the automatic restore's (`/props`, the restore) run on the
+  server's HTTP thread and are answered at once: each gets the probe's short limits
+  (`ClientLimits.probe()`), and the time they take is charged to the turn's wait for its head
+  (`domain.attempt`), so a server wedged at one of them delays the turn by no budget of its own.
 - The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
   WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
 - A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
@@ -237,9 +238,9 @@ class PromptCache:
         """The automatic restore into an emptied slot: the tokens restored, or None (a WARNING)."""
         slot = checkpoint.slot
         try:
-            refusal = restore_refusal(checkpoint, self._info.props(token), now.tokens)
+            refusal = restore_refusal(checkpoint, self._info.props(token, quick=True), now.tokens)
             if refusal is None:
-                if restored := self._restore(checkpoint, token):
+                if restored := self._restore(checkpoint, token, quick=True):
                     return restored
                 refusal = "the server restored 0 tokens"
         except InferError as exc:
@@ -248,11 +249,9 @@ class PromptCache:
         log.warning("slot %d: emptied, and its checkpoint was not restored: %s", slot, refusal)
         return None
 
-    def _restore(self, checkpoint: Checkpoint, token: CancelToken) -> int:
-        slot = checkpoint.slot
-        answer = self._info.post(
-            slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename, self._model), token
-        )
+    def _restore(self, checkpoint: Checkpoint, token: CancelToken, *, quick: bool = False) -> int:
+        slot, body = checkpoint.slot, slot_action_body(checkpoint.filename, self._model)
+        answer = self._info.post(slot_action_path(slot, "restore"), body, token, quick=quick)
         restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
         return restored
