@@ -108,7 +108,7 @@ TRANSITIONS: Final[dict[tuple[Phase, Input], Phase]] = {
 class Action(enum.Enum):
     """What the driver does in a phase, until the machine moves on."""
 
-    ENTER = "enter"  # render the body (once), take the slot at the gate: Queued while others are ahead
+    ENTER = "enter"  # render the body (once), take the slot at the gate: Queued while queued
     PREPARE = "prepare"  # the cache prediction, a checkpoint restored: PREPARED
     LOAD = "load"  # have a router load the model, Waiting each poll: `loaded`
     SEND = "send"  # open a connection, write the request under a new id: `sent`
@@ -209,7 +209,8 @@ class AttemptMachine:
         if since is None:
             self.wait = self.limits.first_byte_wait(now, self.slot)
         else:
-            self.wait = self.limits.first_byte_wait(min(since, now), self.slot, self._queued_s, self.charged)
+            since = min(since, now)
+            self.wait = self.limits.first_byte_wait(since, self.slot, self._queued_s, self.charged)
         return self.wait
 
     def polled(self, now: float, state: SlotState) -> WaitDecision:
@@ -229,7 +230,7 @@ class AttemptMachine:
         return self.wait
 
     def loaded(self) -> None:
-        """The model loaded: what the wait charged kept for the chat's own wait; back to the gate."""
+        """The model loaded: what its wait charged kept for the chat's wait; back to the gate."""
         self.charged.carry(self._waiting())
         self.charged.loaded = True
         self.happened(Input.LOADED)
@@ -263,7 +264,8 @@ class AttemptMachine:
         if not decision.retry:
             self.give_up(error)
         self.happened(Input.CUT)
-        self.pending = Next(_retrying(decision.attempt, decision.after_ms, error, resend=False), Input.REATTACH, error)
+        event = _retrying(decision.attempt, decision.after_ms, error, resend=False)
+        self.pending = Next(event, Input.REATTACH, error)
         return self.pending
 
     def refused(self) -> Retrying:
@@ -304,7 +306,8 @@ class AttemptMachine:
             self.give_up(error)
         self.happened(Input.RETRY)
         self.cut = None
-        self.pending = Next(_retrying(decision.attempt, decision.after_ms, error, resend=True), Input.RESEND, error)
+        event = _retrying(decision.attempt, decision.after_ms, error, resend=True)
+        self.pending = Next(event, Input.RESEND, error)
         return self.pending
 
     def slept(self) -> Phase:

@@ -7,6 +7,8 @@ then the body (or an error body) within `body_wait_s` more, in all, however it t
 `HttpError(status, body)` with as much of the body as came within the deadline, up to
 `error_body_bytes`. The connection is always closed before returning or raising.
 
+`reattach` asks for the rest of a chat's stream (`GET /v1/stream`) on a connection of its own.
+
 `AsyncHttpSlotProbe` is the `AsyncSlotProbe` port over any transport: `GET /slots` on a
 connection of its own under `ClientLimits.probe()`. A server that took the connection and then
 sent no whole answer within those limits (`Stalled`: no head, or a body that stopped) is

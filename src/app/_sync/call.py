@@ -56,7 +56,6 @@ from ports.slot_probe import SlotProbe
 from ports.transport import Transport, TimedOut
 
 T = TypeVar("T")
-# An action the chat's loop does, its events emitted as they come.
 _Act = Callable[[ChatRequest, Flight, AttemptMachine, CancelToken], Generator[Step, None, None]]
 
 __all__ = ["LlamaCalls"]
@@ -99,7 +98,7 @@ class LlamaCalls:
             n_ctx=n_ctx,
         )
         self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
-        self._acts: dict[Action, _Act] = {
+        self._acts: dict[Action, _Act] = {  # the actions that emit events as they come
             Action.ENTER: self._enter,
             Action.PREPARE: self._prepare,
             Action.LOAD: self._load,
@@ -164,8 +163,8 @@ class LlamaCalls:
     ) -> Generator[Step, None, None]:
         """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
         assert flight.body is not None
-        loaded = machine.charged.loaded
-        flight.prediction, flight.rendered = self.cache.before(req, flight.body, token, loaded=loaded)
+        loaded, body = machine.charged.loaded, flight.body
+        flight.prediction, flight.rendered = self.cache.before(req, body, token, loaded=loaded)
         machine.happened(Input.PREPARED)
         if flight.prediction is not None:
             yield flight.prediction
@@ -173,7 +172,7 @@ class LlamaCalls:
     def _load(
         self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
     ) -> Generator[Step, None, None]:
-        """LOADING: a router loads the model (the chat would load it anyway), `Waiting` each poll."""
+        """LOADING: a router loads the model (as the chat would), `Waiting` each poll."""
         for waiting in self.info.load(self.probe, machine, token):
             yield waiting
         machine.loaded()
@@ -243,7 +242,8 @@ class LlamaCalls:
             for step in stream.feed(data, now()):
                 if isinstance(step, PostReasoningEnd):
                     control = build_control_body(step.completion_id, self._settings.model)
-                    refusal = post_control(self._transport, self._clock, control, self._limits.control(), token)
+                    limits = self._limits.control()
+                    refusal = post_control(self._transport, self._clock, control, limits, token)
                     log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
                     yield stream.control_answered(refusal)
                 elif isinstance(step, InferError):
@@ -289,9 +289,8 @@ class LlamaCalls:
         break a `Retrying` (the machine's), a refusal (404, 400) a re-send at once, if allowed."""
         assert flight.conversation is not None and flight.stream is not None
         try:
-            exchange, offset = reattach(
-                self._transport, self._clock, self._limits, flight.conversation, flight.stream, flight.consumed, token
-            )
+            asked = (flight.conversation, flight.stream, flight.consumed)
+            exchange, offset = reattach(self._transport, self._clock, self._limits, *asked, token)
             flight.picked_up(exchange, offset)
             machine.happened(Input.PICKED_UP)
         except (StreamClosedEarly, Stalled, ConnectError) as broke:
@@ -313,7 +312,8 @@ class LlamaCalls:
             self.cache.forget(slot)
         try:  # the slot is given back however the stop ends; a cancel does not cut the stop
             if flight.generating is not None:
-                Uncut.run(stop, self._transport, self._clock, stop_path(flight.generating), self._limits)
+                path = stop_path(flight.generating)
+                Uncut.run(stop, self._transport, self._clock, path, self._limits)
         finally:
             if flight.ticket is not None:
                 self._queue.leave(flight.ticket)
