@@ -43,7 +43,16 @@ from domain.retry import Attempts
 from domain.waiting import Charged, FirstByteWait, WaitDecision
 from ports.slot_probe import SlotState
 
-__all__ = ["ACTIONS", "TRANSITIONS", "Action", "AttemptMachine", "AttemptStateError", "Input", "Next", "Phase"]
+__all__ = [
+    "ACTIONS",
+    "TRANSITIONS",
+    "Action",
+    "AttemptMachine",
+    "AttemptStateError",
+    "Input",
+    "Next",
+    "Phase",
+]
 
 
 class Phase(enum.Enum):
@@ -172,7 +181,14 @@ class AttemptMachine:
         "wait",
     )
 
-    def __init__(self, attempts: Attempts, limits: ClientLimits, slot: int, *, resend: bool) -> None:
+    def __init__(
+        self,
+        attempts: Attempts,
+        limits: ClientLimits,
+        slot: int,
+        *,
+        resend: bool,
+    ) -> None:
         self.attempts = attempts
         self.limits = limits
         self.slot = slot

@@ -39,8 +39,16 @@ ASK = UserMessage("What is the capital of France?")
 LONG_REASONING = "The user asks for a capital. France's capital is Paris, as every atlas says. " * 2
 
 
-def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000, **limits: int) -> Client:
-    """A client whose prediction requests may take up to `poll_ms` (the probe's limit)."""
+def client_for(
+    kind: Kind,
+    server: FakeServer,
+    *,
+    predict: bool = True,
+    poll_ms: int = 1000,
+    **limits: int,
+) -> Client:
+    """A client whose prediction requests may take up to `poll_ms` (the probe's limit), with
+    the other `limits` changed."""
     data: dict[str, Any] = {
         "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
@@ -162,7 +170,8 @@ def test_a_server_wedged_at_the_restore_ends_the_turn_within_the_turns_own_wait(
     # The restore and the chat are never answered and the slot reads idle: the turn ends on its
     # idle grace, counted from the slot taken, the restore inside it on the probe's short limit
     # (not a whole `load_wait_ms` spent on the restore before the turn's own wait starts).
-    _, client = saved_then_restarted(server, client_kind, poll_ms=100, idle_grace_ms=200, load_wait_ms=2000)
+    limits = {"poll_ms": 100, "idle_grace_ms": 200, "load_wait_ms": 2000}
+    _, client = saved_then_restarted(server, client_kind, **limits)
     server.route("POST", "/slots/0", silence())
     server.route("POST", "/v1/chat/completions", silence())
     started = time.monotonic()
@@ -217,7 +226,11 @@ def test_a_token_id_that_is_not_one_skips_the_prediction_not_the_turn(
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def saved_then_restarted(server: FakeServer, kind: Kind, **limits: int) -> tuple[CachingLlama, Client]:
+def saved_then_restarted(
+    server: FakeServer,
+    kind: Kind,
+    **limits: int,
+) -> tuple[CachingLlama, Client]:
     """One turn on slot 0, its checkpoint saved, and the server restarted (the slot emptied)."""
     llama = CachingLlama(server)
     client = client_for(kind, server, **limits)

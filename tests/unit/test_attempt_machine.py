@@ -8,7 +8,15 @@ import random
 import pytest
 
 from client_support import STREAM_LIMITS
-from domain.attempt import ACTIONS, TRANSITIONS, Action, AttemptMachine, AttemptStateError, Input, Phase
+from domain.attempt import (
+    ACTIONS,
+    TRANSITIONS,
+    Action,
+    AttemptMachine,
+    AttemptStateError,
+    Input,
+    Phase,
+)
 from domain.errors import (
     ConnectError,
     HttpError,
@@ -226,7 +234,14 @@ def test_a_call_that_goes_well_asks_for_each_action_in_turn() -> None:
     m.happened(Input.COMPLETED)
     actions.append(m.action)
 
-    assert actions == [Action.ENTER, Action.PREPARE, Action.SEND, Action.POLL, Action.READ, Action.DONE]
+    assert actions == [
+        Action.ENTER,
+        Action.PREPARE,
+        Action.SEND,
+        Action.POLL,
+        Action.READ,
+        Action.DONE,
+    ]
 
 
 def test_a_cut_is_slept_on_then_re_attached_as_decided() -> None:
@@ -255,10 +270,11 @@ def test_the_time_queued_at_the_gate_is_charged_to_busy_wait_ms() -> None:
     assert wait.busy_s == pytest.approx(0.7)
     m.polled(10.2, SlotState.BUSY)
     decision = m.polled(10.3, SlotState.BUSY)  # 0.7 queued + 0.3 busy: busy_wait_ms reached
-    assert isinstance(decision.error, WaitTimeout) and "700 ms of it queued in this client" in str(decision.error)
+    assert isinstance(decision.error, WaitTimeout)
+    assert "700 ms of it queued in this client" in str(decision.error)
 
 
-def test_the_preparation_is_charged_to_the_first_poll_so_a_wedged_restore_resets_no_budget() -> None:
+def test_the_preparation_is_charged_to_the_first_poll_so_a_slow_restore_resets_no_budget() -> None:
     m = machine()
     m.slot_free(0.0, now=10.0)
     m.happened(Input.PREPARED)  # the prediction and a restore took 0.25 s: the slot held, no answer

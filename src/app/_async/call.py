@@ -27,7 +27,7 @@ from logging import DEBUG
 from typing import TypeVar
 
 from app._async.fetch import Refused, check_stream_head, named_cut, post_control, reattach, stop
-from app._async.flight import Flight
+from app._async.flight import Chat
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
 from app.call_log import log_resent_at_once, log_retry
@@ -55,7 +55,9 @@ from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncTransport, TimedOut
 
 T = TypeVar("T")
-_Act = Callable[[ChatRequest, Flight, AttemptMachine, CancelToken], AsyncGenerator[Step, None]]
+_Steps = AsyncGenerator[Step, None]
+_Act = Callable[[Chat], _Steps]  # an action of the chat's loop that emits events as they come
+_Work = Callable[[int, CancelToken], Awaitable[T]]  # a save or a restore, the slot held
 
 __all__ = ["AsyncLlamaCalls"]
 
@@ -96,8 +98,9 @@ class AsyncLlamaCalls:
             total_slots=total_slots,
             n_ctx=n_ctx,
         )
-        self.cache = AsyncPromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
-        self._acts: dict[Action, _Act] = {  # the actions that emit events as they come
+        model = request_settings.model
+        self.cache = AsyncPromptCache(info=self.info, settings=cache, model=model, memory=memory)
+        self._acts: dict[Action, _Act] = {
             Action.ENTER: self._enter,
             Action.PREPARE: self._prepare,
             Action.LOAD: self._load,
@@ -106,125 +109,117 @@ class AsyncLlamaCalls:
             Action.REATTACH: self._reattach,
         }
 
-    # -- a chat -------------------------------------------------------------------------------
-
-    async def chat(self, req: ChatRequest, token: CancelToken, *, retry: bool) -> AsyncGenerator[Step, None]:
+    async def chat(self, req: ChatRequest, token: CancelToken, *, retry: bool) -> _Steps:
         """The steps of one chat, its events then its `Completion`: the machine's action done,
         round after round, until it is DONE; a failure handed to the machine, which decides
         (a re-send after a `Retrying`, a load, or the error raised; re-sends only if `retry`)."""
         attempts = Attempts(self._retry, self._clock.now())
-        machine = AttemptMachine(attempts, self._limits, req.slot, resend=retry)
-        flight = Flight()
+        c = Chat(req, token, AttemptMachine(attempts, self._limits, req.slot, resend=retry))
         try:
-            while (action := machine.action) is not Action.DONE:
+            while (action := c.machine.action) is not Action.DONE:
                 try:
                     if action is Action.SEND:
-                        await self._send(req, flight, machine, token)
+                        await self._send(c)
                     elif action is Action.SLEEP:
-                        await self._sleep(machine, token)
+                        await self._sleep(c)
                     else:
-                        async for step in self._acts[action](req, flight, machine, token):
+                        async for step in self._acts[action](c):
                             yield step
                 except InferError as error:
                     if token.cancelled:
                         raise
                     now = self._clock.now()
-                    taken = machine.failed(error, now)  # raised, if not retried
-                    await self._ended(req.slot, flight, machine)
+                    taken = c.machine.failed(error, now)  # raised, if not retried
+                    await self._ended(c)
                     if taken is not None:  # (None: a router loads the model first)
-                        yield log_retry(req.slot, machine.attempts, taken, now)
+                        yield log_retry(req.slot, c.machine.attempts, taken, now)
         finally:
-            await self._ended(req.slot, flight, machine)
+            await self._ended(c)
 
-    async def _enter(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _enter(self, c: Chat) -> _Steps:
         """QUEUED: the body rendered (once per call: a request refused connects nothing), then
         the slot taken at the gate, a `Queued` each time the call moves up."""
-        slot, now = req.slot, self._clock.now
+        slot, now, flight = c.req.slot, self._clock.now, c.flight
         if flight.body is None:
-            flight.body = await self.info.render(req, token)
+            flight.body = await self.info.render(c.req, c.token)
             # A chat that sends at once (the slot free, no prediction first) connects ahead: the
             # proxy's accept runs while it sets out; never held through a wait nor made for nothing.
             if not self._queue.busy(slot) and not self.cache.wanted(slot):
-                flight.link = await self.info.link_ahead(token)
+                flight.link = await self.info.link_ahead(c.token)
         ticket = flight.ticket = self._queue.enter(slot)
         since = queued_s = now()
         if ticket.ahead:
             flight.close()  # not held through a wait at the gate
-            async for queued in self._queued(ticket, slot, token):
+            async for queued in self._queued(ticket, slot, c.token):
                 yield queued
             queued_s = now()  # the slot was busy: charged to busy_wait_ms
-        machine.slot_free(queued_s - since, queued_s)
+        c.machine.slot_free(queued_s - since, queued_s)
 
-    async def _prepare(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _prepare(self, c: Chat) -> _Steps:
         """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
+        flight, loaded = c.flight, c.machine.charged.loaded
         assert flight.body is not None
-        loaded, body = machine.charged.loaded, flight.body
-        flight.prediction, flight.rendered = await self.cache.before(req, body, token, loaded=loaded)
-        machine.happened(Input.PREPARED)
+        ahead = await self.cache.before(c.req, flight.body, c.token, loaded=loaded)
+        flight.prediction, flight.rendered = ahead
+        c.machine.happened(Input.PREPARED)
         if flight.prediction is not None:
             yield flight.prediction
 
-    async def _load(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _load(self, c: Chat) -> _Steps:
         """LOADING: a router loads the model (as the chat would), `Waiting` each poll."""
-        async for waiting in self.info.load(self.probe, machine, token):
+        async for waiting in self.info.load(self.probe, c.machine, c.token):
             yield waiting
-        machine.loaded()
+        c.machine.loaded()
 
-    async def _send(self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken) -> None:
+    async def _send(self, c: Chat) -> None:
         """SENDING: the request under a new id; its `ChatStream` made while it flies."""
+        req, flight, token = c.req, c.flight, c.token
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits, conversation, body = self._limits, self._ids.take(), flight.body
         assert body is not None
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
+        poll_s = limits.poll_ms / 1000.0
         exchange = await self._transport.open(
-            "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
+            "POST", CHAT_PATH, body, timeout=poll_s, cancel=token, headers=headers, link=link
         )
         flight.exchange = exchange  # closed however the attempt ends
         self._ids.refill()  # the next request's id, made while this one's answer is awaited
         sent = self._clock.now()
-        max_tokens = effective_max_tokens(req, self._settings)
+        cap = effective_max_tokens(req, self._settings)
         prompt = prompt_token_bound(len(body), self.info.n_ctx)
         budget = req.thinking and self._settings.thinking_budget is not None
-        stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
+        stream = ChatStream(limits.stream, cap, sent, max_prompt_tokens=prompt, budget_sent=budget)
         flight.sending(conversation, exchange, stream)
-        machine.sent(sent)
+        c.machine.sent(sent)
 
-    async def _poll(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _poll(self, c: Chat) -> _Steps:
         """AWAITING_HEAD: the head, read until the next poll is due; none: the slot probed
         (`Waiting`), the wait's error raised after it. A head: the stream checked and started."""
-        exchange, stream = flight.flying()
-        now, wait = self._clock.now, machine.wait
+        exchange, stream = c.flight.flying()
+        now, wait, slot = self._clock.now, c.machine.wait, c.req.slot
         assert wait is not None
         head = await exchange.head(wait.timeout(now()))
         if isinstance(head, TimedOut):
-            decision = machine.polled(now(), await self.probe.state(req.slot, token))
-            token.raise_if_cancelled()
+            decision = c.machine.polled(now(), await self.probe.state(slot, c.token))
+            c.token.raise_if_cancelled()
             yield decision.event
             if decision.error is not None:
                 raise decision.error
             return
         if log.isEnabledFor(DEBUG):  # (its figures cost calls on the way to the first token)
-            log.debug("slot %d: response head %d after %.0f ms", req.slot, head.status, wait.age_ms(now()))
+            age_ms = wait.age_ms(now())
+            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, age_ms)
         if head.status != 200:
-            flight.generating = None  # an error answer: nothing runs
+            c.flight.generating = None  # an error answer: nothing runs
         await check_stream_head(exchange, head, self._clock, self._limits)
         stream.resumed(started := now())
-        flight.take_off(started)
-        machine.happened(Input.HEAD)
+        c.flight.take_off(started)
+        c.machine.happened(Input.HEAD)
 
-    async def _read(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _read(self, c: Chat) -> _Steps:
         """STREAMING: the stream, read by read (the hot path), fed to its `ChatStream`, every
         step emitted; the `Completion` ends it, a cut or a stall hands it to the machine."""
+        flight = c.flight
         exchange, stream = flight.flying()
         read, now, consumed = exchange.read, self._clock.now, flight.consumed
         while True:
@@ -235,27 +230,25 @@ class AsyncLlamaCalls:
                     continue
             except (StreamClosedEarly, Stalled) as broke:
                 flight.consumed = consumed
-                yield self._cut(req.slot, flight, machine, broke, token)
+                yield self._cut(c, broke)
                 return
             consumed += len(data)
             for step in stream.feed(data, now()):
                 if isinstance(step, PostReasoningEnd):
-                    control = build_control_body(step.completion_id, self._settings.model)
-                    limits = self._limits.control()
-                    refusal = await post_control(self._transport, self._clock, control, limits, token)
-                    log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
-                    yield stream.control_answered(refusal)
+                    yield stream.control_answered(await self._reasoning_end(step, c.token))
                 elif isinstance(step, InferError):
-                    if not isinstance(step, Stalled):  # an end without the final chunk: an unload?
-                        raise await self._named(step, token) if isinstance(step, StreamClosedEarly) else step
+                    if isinstance(step, StreamClosedEarly):  # an end without the final chunk
+                        raise await self._named(step, c.token)  # an unload?
+                    if not isinstance(step, Stalled):
+                        raise step
                     flight.consumed = consumed  # late bytes past the limit: a stall
-                    yield self._cut(req.slot, flight, machine, step, token)
+                    yield self._cut(c, step)
                     return
                 elif isinstance(step, Completion):
-                    machine.happened(Input.COMPLETED)
+                    c.machine.happened(Input.COMPLETED)
                     flight.generating = None  # nothing to stop
                     assert flight.body is not None
-                    self.cache.landed(req, flight.body, flight.rendered, flight.prediction, step)
+                    self.cache.landed(c.req, flight.body, flight.rendered, flight.prediction, step)
                     yield step
                     return
                 else:
@@ -263,60 +256,67 @@ class AsyncLlamaCalls:
                         flight.first_token(step, now())
                     yield step
 
-    def _cut(
-        self, slot: int, flight: Flight, machine: AttemptMachine, broke: InferError, token: CancelToken
-    ) -> Retrying:
+    def _cut(self, c: Chat, broke: InferError) -> Retrying:
         """A break after the head (a cut, a stall, a failed re-attach): the machine's `Retrying`
         before a re-attach, or raised when the retry policy allows no more."""
-        token.raise_if_cancelled()  # a cancel's own shutdown of the connection: no break, the call ends
-        flight.close()
-        now = self._clock.now()
-        taken = machine.cut_at(broke, now, flight.consumed)
-        return log_retry(slot, machine.attempts, taken, now, offset=flight.consumed)
+        c.token.raise_if_cancelled()  # a cancel's own shutdown of the connection: the call ends
+        c.flight.close()
+        now, offset = self._clock.now(), c.flight.consumed
+        taken = c.machine.cut_at(broke, now, offset)
+        return log_retry(c.req.slot, c.machine.attempts, taken, now, offset=offset)
 
-    async def _sleep(self, machine: AttemptMachine, token: CancelToken) -> None:
+    async def _sleep(self, c: Chat) -> None:
         """BACKING_OFF: the retry's wait, then what the machine decided (re-attach, re-send)."""
-        assert machine.pending is not None
-        await self._clock.sleep(machine.pending.after_s, token)
-        token.raise_if_cancelled()
-        machine.slept()
+        assert c.machine.pending is not None
+        await self._clock.sleep(c.machine.pending.after_s, c.token)
+        c.token.raise_if_cancelled()
+        c.machine.slept()
 
-    async def _reattach(
-        self, req: ChatRequest, flight: Flight, machine: AttemptMachine, token: CancelToken
-    ) -> AsyncGenerator[Step, None]:
+    async def _reattach(self, c: Chat) -> _Steps:
         """REATTACHING: the rest of the body from the bytes consumed, on a new connection; a
         break a `Retrying` (the machine's), a refusal (404, 400) a re-send at once, if allowed."""
-        assert flight.conversation is not None and flight.stream is not None
+        flight, machine = c.flight, c.machine
         try:
-            asked = (flight.conversation, flight.stream, flight.consumed)
-            exchange, offset = await reattach(self._transport, self._clock, self._limits, *asked, token)
-            flight.picked_up(exchange, offset)
+            await reattach(self._transport, self._clock, self._limits, flight, c.token)
             machine.happened(Input.PICKED_UP)
         except (StreamClosedEarly, Stalled, ConnectError) as broke:
-            yield self._cut(req.slot, flight, machine, broke, token)
+            yield self._cut(c, broke)
         except Refused:
-            machine.name_cut(cut := await self._named(machine.refused_cut(), token))
+            machine.name_cut(cut := await self._named(machine.refused_cut(), c.token))
             flight.forget_stream()
             event = machine.refused()  # the cut raised, if the call may not re-send
             if flight.generating is not None:  # a lost offset: it may still be running
-                await stop(self._transport, self._clock, stop_path(flight.generating), self._limits)
-            log_resent_at_once(req.slot, event.attempt, cut)
+                await self._stop(flight.generating)
+            log_resent_at_once(c.req.slot, event.attempt, cut)
             yield event
 
-    async def _ended(self, slot: int, flight: Flight, machine: AttemptMachine) -> None:
+    async def _ended(self, c: Chat) -> None:
         """The attempt's end, however it ends: its connections closed, what the slot holds
         forgotten unless it completed, its generation stopped, the slot given back."""
+        flight = c.flight
         flight.close()
-        if flight.sent and machine.phase is not Phase.DONE:  # the slot holds what we know not
-            self.cache.forget(slot)
+        if flight.sent and c.machine.phase is not Phase.DONE:  # the slot holds what we know not
+            self.cache.forget(c.req.slot)
         try:  # the slot is given back however the stop ends; a cancel does not cut the stop
             if flight.generating is not None:
-                path = stop_path(flight.generating)
-                await AsyncUncut.run(stop, self._transport, self._clock, path, self._limits)
+                await AsyncUncut.run(self._stop, flight.generating)
         finally:
             if flight.ticket is not None:
                 self._queue.leave(flight.ticket)
             flight.ended()
+
+    async def _stop(self, conversation: str) -> None:
+        """Stop the generation of `conversation` (closing its connection no longer does): a
+        `DELETE` within `STOP_WAIT_S` (`app._async.fetch.stop`), whatever the call's state."""
+        await stop(self._transport, self._clock, stop_path(conversation), self._limits)
+
+    async def _reasoning_end(self, step: PostReasoningEnd, token: CancelToken) -> str | None:
+        """End the thinking block on a second connection: None if accepted, else why not."""
+        body = build_control_body(step.completion_id, self._settings.model)
+        limits = self._limits.control()
+        refusal = await post_control(self._transport, self._clock, body, limits, token)
+        log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
+        return refusal
 
     async def _named(self, cut: InferError, token: CancelToken) -> InferError:
         """A cut the server cannot mend, named for an unload when a router says so (`named_cut`)."""
@@ -335,9 +335,7 @@ class AsyncLlamaCalls:
                 raise gate_timeout(slot, self._limits.busy_wait_ms)
             ahead = moved
 
-    # -- slot checkpoints ---------------------------------------------------------------------
-
-    async def holding(self, slot: int, token: CancelToken, work: Callable[[int, CancelToken], Awaitable[T]]) -> T:
+    async def holding(self, slot: int, token: CancelToken, work: _Work[T]) -> T:
         """`work` on `slot` (a save, a restore: `AsyncPromptCache`), the slot held at the gate."""
         ticket = self._queue.enter(await self.info.check_slot(slot, token))
         try:

@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
+from app._async.flight import Flight
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
 from domain.cancel import CancelToken
-from domain.chat_stream import ChatStream
 from domain.errors import HttpError, InferError, ModelNotLoaded, Stalled, http_error, loggable
 from domain.limits import ClientLimits
 from domain.llama_api import (
@@ -156,21 +156,22 @@ async def reattach(
     transport: AsyncTransport,
     clock: AsyncClock,
     limits: ClientLimits,
-    conversation: str,
-    stream: ChatStream,
-    consumed: int,
+    flight: Flight,
     token: CancelToken,
-) -> tuple[AsyncExchange, int]:
-    """The rest of `conversation`'s body from the `consumed` bytes (a little before: read again,
-    and checked), on a new connection: the connection and the offset it starts at. `Refused`:
-    404, 400; a break (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
-    offset, tail = stream.replay(consumed)  # `tail` read again, checked: the replay's start
+) -> None:
+    """The rest of the flight's body from the bytes it consumed (a little before: read again,
+    and checked), on a new connection the flight reads on. `Refused`: 404, 400; a break
+    (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
+    stream, conversation = flight.stream, flight.conversation
+    assert stream is not None and conversation is not None
+    offset, tail = stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
     wait, path = limits.reattach_wait_s, reattach_path(conversation, offset)
     exchange = await transport.open("GET", path, None, timeout=wait, cancel=token)
     try:
         head = await exchange.head(wait)
         if isinstance(head, TimedOut):
-            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
+            ms = wait * 1000
+            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {ms:.0f} ms")
         client_log.debug("re-attach from body byte %d: response head %d", offset, head.status)
         if head.status in REATTACH_REFUSED:
             raise Refused(head.status)
@@ -180,8 +181,8 @@ async def reattach(
     except BaseException:
         exchange.close()
         raise
+    flight.picked_up(exchange, offset)
     stream.resumed(clock.now(), tail)
-    return exchange, offset
 
 
 class Refused(Exception):

@@ -237,7 +237,8 @@ class AsyncPromptCache:
         """The automatic restore into an emptied slot: the tokens restored, or None (a WARNING)."""
         slot = checkpoint.slot
         try:
-            refusal = restore_refusal(checkpoint, await self._info.props(token, quick=True), now.tokens)
+            props = await self._info.props(token, quick=True)
+            refusal = restore_refusal(checkpoint, props, now.tokens)
             if refusal is None:
                 if restored := await self._restore(checkpoint, token, quick=True):
                     return restored
@@ -248,8 +249,8 @@ class AsyncPromptCache:
         log.warning("slot %d: emptied, and its checkpoint was not restored: %s", slot, refusal)
         return None
 
-    async def _restore(self, checkpoint: Checkpoint, token: CancelToken, *, quick: bool = False) -> int:
-        slot, body = checkpoint.slot, slot_action_body(checkpoint.filename, self._model)
+    async def _restore(self, saved: Checkpoint, token: CancelToken, *, quick: bool = False) -> int:
+        slot, body = saved.slot, slot_action_body(saved.filename, self._model)
         answer = await self._info.post(slot_action_path(slot, "restore"), body, token, quick=quick)
         restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
