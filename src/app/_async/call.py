@@ -140,8 +140,8 @@ class AsyncLlamaCalls:
         """QUEUED: the body rendered (once per call: a request refused connects nothing), then
         the slot taken at the gate, a `Queued` each time the call moves up."""
         slot, now, flight = c.req.slot, self._clock.now, c.flight
-        if flight.body is None:
-            flight.body = await self.info.render(c.req, c.token)
+        if not c.body:
+            c.body = await self.info.render(c.req, c.token)
             # A chat that sends at once (the slot free, no prediction first) connects ahead: the
             # proxy's accept runs while it sets out; never held through a wait nor made for nothing.
             if not self._queue.busy(slot) and not self.cache.wanted(slot):
@@ -157,13 +157,11 @@ class AsyncLlamaCalls:
 
     async def _prepare(self, c: Chat) -> _Steps:
         """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
-        flight, loaded = c.flight, c.machine.charged.loaded
-        assert flight.body is not None
-        ahead = await self.cache.before(c.req, flight.body, c.token, loaded=loaded)
-        flight.prediction, flight.rendered = ahead
+        loaded = c.machine.charged.loaded  # a second refusal skips the prediction
+        c.prediction, c.rendered = await self.cache.before(c.req, c.body, c.token, loaded=loaded)
         c.machine.happened(Input.PREPARED)
-        if flight.prediction is not None:
-            yield flight.prediction
+        if c.prediction is not None:
+            yield c.prediction
 
     async def _load(self, c: Chat) -> _Steps:
         """LOADING: a router loads the model (as the chat would), `Waiting` each poll."""
@@ -175,8 +173,7 @@ class AsyncLlamaCalls:
         """SENDING: the request under a new id; its `ChatStream` made while it flies."""
         req, flight, token = c.req, c.flight, c.token
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits, conversation, body = self._limits, self._ids.take(), flight.body
-        assert body is not None
+        limits, conversation, body = self._limits, self._ids.take(), c.body
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         poll_s = limits.poll_ms / 1000.0
         exchange = await self._transport.open(
@@ -247,8 +244,7 @@ class AsyncLlamaCalls:
                 elif isinstance(step, Completion):
                     c.machine.happened(Input.COMPLETED)
                     flight.generating = None  # nothing to stop
-                    assert flight.body is not None
-                    self.cache.landed(c.req, flight.body, flight.rendered, flight.prediction, step)
+                    self.cache.landed(c.req, c.body, c.rendered, c.prediction, step)
                     yield step
                     return
                 else:

@@ -22,23 +22,19 @@ log = logging.getLogger("inferpath.client")
 
 
 class Flight:
-    """The body rendered once per call (`body`), and per attempt: the slot's gate ticket, the
-    connection made ahead for the first request (`link`, until sent or dropped), the cache
-    prediction and rendering, the conversation, the connection read, the stream fed and the
-    body bytes consumed; `generating` names the conversation the server may still be generating
-    for (stopped when the attempt ends without its `Completion`), `sent` says a request of the
-    attempt reached the server (its slot holds it now)."""
+    """The I/O handles of one attempt: the slot's gate ticket, the connection made ahead for the
+    first request (`link`, until sent or dropped), the conversation, the connection read, the
+    stream fed and the body bytes consumed; `generating` names the conversation the server may
+    still be generating for (stopped when the attempt ends without its `Completion`), `sent` says
+    a request of the attempt reached the server (its slot holds it now)."""
 
     __slots__ = (
-        "body",
         "consumed",
         "conversation",
         "exchange",
         "first",
         "generating",
         "link",
-        "prediction",
-        "rendered",
         "sent",
         "started",
         "stream",
@@ -46,11 +42,8 @@ class Flight:
     )
 
     def __init__(self) -> None:
-        self.body: bytes | None = None
         self.link: Link | None = None
         self.ticket: Ticket | None = None
-        self.prediction: CachePrediction | None = None
-        self.rendered: Rendered | None = None
         self.conversation: str | None = None
         self.generating: str | None = None
         self.exchange: AsyncExchange | None = None
@@ -105,17 +98,22 @@ class Flight:
     def ended(self) -> None:
         """The attempt over (its connection closed, its generation stopped, its slot given back):
         the next one starts with nothing in the air."""
-        self.ticket = self.prediction = self.rendered = None
+        self.ticket = None
         self.conversation = self.generating = self.stream = None
         self.sent = False
 
 
 class Chat:
     """One chat under way: its request, its cancel token, its attempt machine (the phase, every
-    decision and budget) and its flight (the I/O handles)."""
+    decision and budget) and its flight (the I/O handles); the body it sends (rendered once, at
+    its first turn at the gate: empty until then), and the attempt's cache prediction and
+    rendering (kept for the next turn on the slot)."""
 
-    __slots__ = ("flight", "machine", "req", "token")
+    __slots__ = ("body", "flight", "machine", "prediction", "rendered", "req", "token")
 
     def __init__(self, req: ChatRequest, token: CancelToken, machine: AttemptMachine) -> None:
         self.req, self.token, self.machine = req, token, machine
         self.flight = Flight()
+        self.body = b""
+        self.prediction: CachePrediction | None = None
+        self.rendered: Rendered | None = None
