@@ -231,10 +231,10 @@ class AttemptMachine:
 
     def polled(self, now: float, state: SlotState) -> WaitDecision:
         """No head by the poll: the time since the last one charged to the slot's `state`."""
+        if self.phase is not Phase.LOADING:
+            self.happened(Input.POLLED)  # (outside AWAITING_HEAD: the driver's bug)
         decision = self._waiting().on_poll(now, state)
-        if self.phase is Phase.AWAITING_HEAD:
-            self.happened(Input.POLLED)
-        elif self.phase is Phase.LOADING:
+        if self.phase is Phase.LOADING:
             self.charged.carry(self._waiting())
         return decision
 

@@ -348,3 +348,8 @@ def test_a_model_evicted_again_after_its_load_is_not_waited_for_twice() -> None:
 def test_a_load_wait_outside_loading_is_the_drivers_bug() -> None:
     with pytest.raises(AttemptStateError, match="no load to wait for"):
         at(Phase.SENDING).load_wait(0.0)
+
+
+def test_a_poll_outside_a_head_or_load_wait_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="polled cannot happen while streaming"):
+        at(Phase.STREAMING).polled(1.0, SlotState.IDLE)
