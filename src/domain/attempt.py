@@ -20,8 +20,9 @@ GAVE_UP -> FAILED (an error raised, a cancel).
 
 The budgets: the time queued at the gate is charged to `busy_wait_ms`; a router's load
 (`load_wait`) to `load_wait_ms` and, behind another model, `busy_wait_ms`; the preparation (the
-cache prediction, a checkpoint restored) to whatever the first poll of the head wait sees, as
-the wait runs from the slot taken (`sent`). None resets another. The head wait is the
+cache prediction, a checkpoint restored within what `load_wait_ms` has left) to whatever the
+first poll of the head wait sees, as the wait runs from the slot taken (`sent`). None resets
+another. The head wait is the
 `FirstByteWait` it builds, `liveness_ms` the `ChatStream`'s. One retry schedule
 (`domain.retry.Attempts`) is spent by re-attaches and re-sends alike:
 - `cut_at`: the stream broke after its head: a re-attach from the bytes consumed, or raised.
@@ -181,15 +182,8 @@ class AttemptMachine:
         "wait",
     )
 
-    def __init__(
-        self,
-        attempts: Attempts,
-        limits: ClientLimits,
-        slot: int,
-        *,
-        resend: bool,
-    ) -> None:
-        self.attempts = attempts
+    def __init__(self, tries: Attempts, limits: ClientLimits, slot: int, *, resend: bool) -> None:
+        self.attempts = tries
         self.limits = limits
         self.slot = slot
         self.resend = resend
@@ -214,6 +208,14 @@ class AttemptMachine:
         """The slot taken at `now`, after `queued_s` at the gate (charged to `busy_wait_ms`)."""
         self.happened(Input.SLOT_FREE)
         self._queued_s, self._since = queued_s, now
+
+    def preparing_left_s(self, now: float) -> float:
+        """PREPARING: how long a restore may wait at `now` for its answer: what `load_wait_ms`
+        has left after a load and the time since the slot was taken (charged to the head wait)."""
+        if self.phase is not Phase.PREPARING or self._since is None:
+            raise AttemptStateError(f"nothing prepared while {self.phase.value}")
+        spent = self.charged.load_s + (now - self._since)
+        return max(self.limits.load_wait_ms / 1000.0 - spent, 0.0)
 
     def sent(self, now: float) -> FirstByteWait:
         """The request sent at `now`: the wait for its head. The first request after the gate

@@ -353,3 +353,20 @@ def test_a_load_wait_outside_loading_is_the_drivers_bug() -> None:
 def test_a_poll_outside_a_head_or_load_wait_is_the_drivers_bug() -> None:
     with pytest.raises(AttemptStateError, match="polled cannot happen while streaming"):
         at(Phase.STREAMING).polled(1.0, SlotState.IDLE)
+
+
+def test_a_restore_may_wait_what_the_load_budget_has_left_after_a_load_and_preparing() -> None:
+    m = machine()
+    m.failed(ModelNotLoaded(400, "model is not loaded"), 0.0)
+    m.load_wait(0.0)
+    m.polled(0.1, SlotState.LOADING)  # 0.1 of the 0.5 s load budget spent loading
+    m.loaded()
+    m.slot_free(0.0, now=0.2)
+
+    assert m.preparing_left_s(0.25) == pytest.approx(0.35)  # 0.5 - 0.1 loading - 0.05 preparing
+    assert m.preparing_left_s(1.0) == 0.0
+
+
+def test_a_restore_outside_the_preparation_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="nothing prepared while sending"):
+        at(Phase.SENDING).preparing_left_s(0.0)

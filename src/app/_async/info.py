@@ -14,6 +14,7 @@ Only `props(load=True)` loads it (the self-test and `--print-expect`), and a cha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
@@ -110,10 +111,21 @@ class AsyncServerInfo:
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
-    async def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
-        """`POST path?autoload=false` (`body` names the model); limits as `get`'s."""
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        token: CancelToken,
+        *,
+        quick: bool = False,
+        within: float | None = None,
+    ) -> bytes:
+        """`POST path?autoload=false` (`body` names the model); limits as `get`'s, or the head
+        `within` seconds and the body under the probe's limit (for work a turn waits for)."""
         token.raise_if_cancelled()  # no connection for a cancelled call
-        limits = self._limits.probe() if quick else self._limits.info()
+        limits = self._limits.probe() if quick or within is not None else self._limits.info()
+        if within is not None:
+            limits = dataclasses.replace(limits, head_wait_s=within)
         return await fetch(self._transport, self._clock, "POST", no_autoload(path), body, limits, token)
 
     async def link_ahead(self, token: CancelToken) -> Link | None:

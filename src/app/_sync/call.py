@@ -159,7 +159,9 @@ class LlamaCalls:
     def _prepare(self, c: Chat) -> _Steps:
         """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
         loaded = c.machine.charged.loaded  # a second refusal skips the prediction
-        c.prediction, c.rendered = self.cache.before(c.req, c.body, c.token, loaded=loaded)
+        left_s = c.machine.preparing_left_s(self._clock.now())
+        ahead = self.cache.before(c.req, c.body, c.token, loaded=loaded, restore_s=left_s)
+        c.prediction, c.rendered = ahead
         c.machine.happened(Input.PREPARED)
         if c.prediction is not None:
             yield c.prediction

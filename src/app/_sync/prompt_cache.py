@@ -12,10 +12,11 @@ and its checkpoint matches the server and the request, the checkpoint is restore
 turn's `cache_n` says whether that helped (a WARNING when it did not).
 
 Invariants:
-- The prediction's requests and the automatic restore's (`/props`, the restore) run on the
-  server's HTTP thread and are answered at once: each gets the probe's short limits
-  (`ClientLimits.probe()`), and the time they take is charged to the turn's wait for its head
-  (`domain.attempt`), so a server wedged at one of them delays the turn by no budget of its own.
+- The prediction's requests and the `/props` read before a restore run on the server's HTTP
+  thread and are answered at once: each gets the probe's short limits (`ClientLimits.probe()`).
+  The restore works on the slot (it reads the file into it), so its answer may take what the
+  turn's `load_wait_ms` has left. Their time is charged to the turn's wait for its head
+  (`domain.attempt`): a server wedged at one of them delays the turn by no budget of its own.
 - The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
   WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
 - A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
@@ -100,10 +101,17 @@ class PromptCache:
         return memory.renders and (self._settings.predict or (slot in memory.checkpoints and slot in memory.turns))
 
     def before(
-        self, req: ChatRequest, body: bytes, token: CancelToken, *, loaded: bool = False
+        self,
+        req: ChatRequest,
+        body: bytes,
+        token: CancelToken,
+        *,
+        restore_s: float,
+        loaded: bool = False,
     ) -> tuple[CachePrediction | None, Rendered | None]:
         """The prediction for `req` (None without a previous request on the slot) and its
-        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied.
+        rendering (kept for the next one), restoring the slot's checkpoint if it was emptied
+        (its answer awaited `restore_s` at most: what the turn's wait has left for it).
         `ModelNotLoaded` from a router that has not loaded the model (the caller waits for it
         to load, then asks again with `loaded`: a second refusal skips the prediction)."""
         slot = req.slot
@@ -123,7 +131,7 @@ class PromptCache:
             loss = self._settings.loss_tokens
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
-                restored = self._restore_before(checkpoint, now, token)
+                restored = self._restore_before(checkpoint, now, token, restore_s)
                 if restored is not None:
                     last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
                     held = restored if last else min(restored, checkpoint.prompt_tokens)
@@ -234,14 +242,16 @@ class PromptCache:
             raise RequestError(f"the checkpoint of slot {slot} was not restored: {refusal}")
         return self._restore(checkpoint, token)
 
-    def _restore_before(self, checkpoint: Checkpoint, now: Rendered, token: CancelToken) -> int | None:
+    def _restore_before(
+        self, checkpoint: Checkpoint, now: Rendered, token: CancelToken, within: float
+    ) -> int | None:
         """The automatic restore into an emptied slot: the tokens restored, or None (a WARNING)."""
         slot = checkpoint.slot
         try:
             props = self._info.props(token, quick=True)
             refusal = restore_refusal(checkpoint, props, now.tokens)
             if refusal is None:
-                if restored := self._restore(checkpoint, token, quick=True):
+                if restored := self._restore(checkpoint, token, within=within):
                     return restored
                 refusal = "the server restored 0 tokens"
         except InferError as exc:
@@ -250,9 +260,16 @@ class PromptCache:
         log.warning("slot %d: emptied, and its checkpoint was not restored: %s", slot, refusal)
         return None
 
-    def _restore(self, saved: Checkpoint, token: CancelToken, *, quick: bool = False) -> int:
+    def _restore(
+        self,
+        saved: Checkpoint,
+        token: CancelToken,
+        *,
+        within: float | None = None,
+    ) -> int:
         slot, body = saved.slot, slot_action_body(saved.filename, self._model)
-        answer = self._info.post(slot_action_path(slot, "restore"), body, token, quick=quick)
+        path = slot_action_path(slot, "restore")
+        answer = self._info.post(path, body, token, within=within)
         restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
         return restored
