@@ -18,8 +18,6 @@ Invariants, so that a config that loads is one that can work:
 
 from __future__ import annotations
 
-import os
-import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,10 +37,10 @@ from pydantic import (
     field_validator,
 )
 
+from app import config_checks as checks
 from app.config_file import ConfigError, read_toml
 from domain.errors import shown
-from domain.llama_api import with_model
-from domain.request_options import FLOAT32_MAX, INT32_MAX, RANDOM_SEED, UINT32_MAX
+from domain.request_options import INT32_MAX, RANDOM_SEED, UINT32_MAX
 
 __all__ = ["Config", "ConfigError", "load_config", "parse_config"]
 
@@ -68,76 +66,12 @@ MAX_QUEUE_PER_SLOT = 1024
 MAX_ATTEMPTS = 100
 # The waits between attempts when `retry` says nothing: the brief's schedule.
 DEFAULT_DELAYS_MS = (2000, 8000, 30_000)
-# `sun_path` is 108 bytes on Linux, one of them the terminating NUL.
-SOCKET_PATH_BYTES = 107
-# llama-server refuses a request target longer than this (cpp-httplib's request URI limit); the
-# model, percent-encoded in every GET's `?model=`, gets a quarter of it.
-SERVER_TARGET_BYTES = 8192
-MODEL_QUERY_BYTES = SERVER_TARGET_BYTES // 4
 # A session's checkpoint is its KV cache on the server's disk: 22 KiB a token for the small test
 # model, about 0.5 MiB for a 7B model at f16 (without GQA), so 4 GiB keeps a few long sessions;
 # past 1 TiB the cap no longer guards a disk.
 SESSION_DISK_MB, SESSION_DISK_MB_MAX = 4096, 1 << 20
 # The most problems one ConfigError names (then how many more there are).
 MAX_PROBLEMS = 10
-
-
-def _char_at(text: str, index: int) -> str:
-    return f"U+{ord(text[index]):04X} at character {index}"
-
-
-def _no_nul(text: str) -> str:
-    index = text.find("\x00")
-    if index >= 0:
-        raise ValueError(f"contains a NUL character (at character {index}); the value would be cut there")
-    return text
-
-
-def _utf8(text: str) -> str:
-    # TOML cannot hold a lone surrogate, but a mapping handed to `parse_config` can, and the JSON
-    # body that carries the value would then fail to encode on every request.
-    for index, char in enumerate(text):
-        if unicodedata.category(char) == "Cs":
-            raise ValueError(f"is not valid Unicode (lone surrogate {_char_at(text, index)})")
-    return text
-
-
-def _socket_path(path: str) -> str:
-    try:
-        encoded = os.fsencode(path)
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"cannot be encoded as a file name ({exc.reason})") from exc
-    if len(encoded) > SOCKET_PATH_BYTES:
-        raise ValueError(
-            f"is {len(encoded)} bytes long, but a Unix socket path holds at most {SOCKET_PATH_BYTES} bytes"
-        )
-    return path
-
-
-def _fits_c_float(value: float) -> float:
-    if value > FLOAT32_MAX:
-        raise ValueError(f"is past {FLOAT32_MAX:.7g}, the largest value of the C float llama-server keeps it in")
-    return value
-
-
-def _no_control(text: str) -> str:
-    # The model id is percent-encoded in `?model=` and escaped in JSON, so it would arrive intact,
-    # but no model is named with control characters: one here is a typo that routes nowhere. A
-    # socket path with one would split the log lines and errors that name it.
-    for index, char in enumerate(text):
-        if unicodedata.category(char) == "Cc":
-            raise ValueError(f"contains a control character ({_char_at(text, index)})")
-    return text
-
-
-def _fits_a_target(model: str) -> str:
-    size = len(with_model("", model)) - len("?model=")
-    if size > MODEL_QUERY_BYTES:
-        raise ValueError(
-            f"is {size} bytes percent-encoded in a GET's ?model=, more than the {MODEL_QUERY_BYTES} a "
-            f"request line leaves it (llama-server refuses a target past {SERVER_TARGET_BYTES} bytes)"
-        )
-    return model
 
 
 Ms = Annotated[StrictInt, Field(gt=0, le=MAX_MS)]
@@ -149,7 +83,7 @@ HeaderBytes = Annotated[StrictInt, Field(ge=MIN_HEADER_BYTES, le=MAX_CAP_BYTES)]
 SseLineBytes = Annotated[StrictInt, Field(ge=MIN_SSE_LINE_BYTES, le=MAX_CAP_BYTES)]
 BodyBytes = Annotated[StrictInt, Field(ge=MIN_BODY_BYTES, le=MAX_CAP_BYTES)]
 AnswerBytes = Annotated[StrictInt, Field(ge=MIN_ANSWER_BYTES, le=MAX_CAP_BYTES)]
-Text = Annotated[StrictStr, AfterValidator(_no_nul), AfterValidator(_utf8)]
+Text = Annotated[StrictStr, AfterValidator(checks.no_nul), AfterValidator(checks.utf8)]
 
 
 def _array(value: object) -> object:
@@ -185,17 +119,22 @@ class Limits(_Section):
 
 class Retry(_Section):
     attempts: Annotated[StrictInt, Field(gt=0, le=MAX_ATTEMPTS)] = 4
-    delays_ms: Annotated[tuple[DelayMs, ...], BeforeValidator(_array), Field(validate_default=True)] = DEFAULT_DELAYS_MS
+    delays_ms: Annotated[
+        tuple[DelayMs, ...], BeforeValidator(_array), Field(validate_default=True)
+    ] = DEFAULT_DELAYS_MS
     jitter: Annotated[StrictFloat, Field(ge=0.0, lt=1.0)] = 0.25
     total_ms: Ms = 300_000
 
     @field_validator("delays_ms")
     @classmethod
-    def _one_delay_between_attempts(cls, delays: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+    def _one_delay_between_attempts(
+        cls, delays: tuple[int, ...], info: ValidationInfo
+    ) -> tuple[int, ...]:
         attempts = info.data.get("attempts")
         if attempts is not None and len(delays) != attempts - 1:
             raise ValueError(
-                f"has {_entries(len(delays))} but attempts = {attempts} needs {_entries(attempts - 1)} "
+                f"has {_entries(len(delays))} but attempts = {attempts}"
+                f" needs {_entries(attempts - 1)} "
                 f"(one wait between two attempts), e.g. delays_ms = {_delays_for(attempts)}"
             )
         return delays
@@ -206,7 +145,8 @@ def _entries(count: int) -> str:
 
 
 def _delays_for(attempts: int) -> str:
-    """A `delays_ms` that fits `attempts`: the default waits cut short, or with the last repeated."""
+    """A `delays_ms` that fits `attempts`: the default waits cut short, or with the last
+    repeated."""
     needed = attempts - 1
     delays = list(DEFAULT_DELAYS_MS[:needed])
     delays += [DEFAULT_DELAYS_MS[-1]] * (needed - len(delays))
@@ -214,7 +154,7 @@ def _delays_for(attempts: int) -> str:
 
 
 class Sampling(_Section):
-    temperature: Annotated[StrictFloat, Field(ge=0.0), AfterValidator(_fits_c_float)] = 0.6
+    temperature: Annotated[StrictFloat, Field(ge=0.0), AfterValidator(checks.fits_c_float)] = 0.6
     top_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.95
     top_k: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 20
     min_p: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.0
@@ -253,11 +193,16 @@ class Config(_Section):
     socket: Annotated[
         StrictStr,
         Field(min_length=1),
-        AfterValidator(_no_nul),
-        AfterValidator(_no_control),
-        AfterValidator(_socket_path),
+        AfterValidator(checks.no_nul),
+        AfterValidator(checks.no_control),
+        AfterValidator(checks.socket_path),
     ]
-    model: Annotated[Text, Field(min_length=1), AfterValidator(_no_control), AfterValidator(_fits_a_target)] = "default"
+    model: Annotated[
+        Text,
+        Field(min_length=1),
+        AfterValidator(checks.no_control),
+        AfterValidator(checks.fits_a_target),
+    ] = "default"
     limits: Limits = Limits()
     retry: Retry = Retry()
     sampling: Sampling = Sampling()
@@ -274,8 +219,12 @@ def _describe(error: Any) -> str:
         return f"{path}: unknown key"
     if kind == "missing":
         return f"{path}: required key is missing"
-    if kind in ("model_type", "dict_type"):  # pydantic would name its own class ("instance of Limits")
-        return f"{path}: must be a table ([{path}] with its keys), not {_toml_type(error.get('input'))}"
+    if kind in (
+        "model_type",
+        "dict_type",
+    ):  # pydantic would name its own class ("instance of Limits")
+        kind = _toml_type(error.get("input"))
+        return f"{path}: must be a table ([{path}] with its keys), not {kind}"
     message = str(error["msg"]).removeprefix("Value error, ")
     if "input" in error:
         return f"{path}: {message} (got {shown(error['input'])})"
@@ -298,7 +247,9 @@ def _toml_type(value: object) -> str:
 def parse_config(data: Mapping[str, Any], source: str = "config") -> Config:
     """Validate an already-parsed mapping; raises `ConfigError` naming every bad key."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: the config must be a table of keys, not {type(data).__name__}")
+        raise ConfigError(
+            f"{source}: the config must be a table of keys, not {type(data).__name__}"
+        )
     try:
         return Config.model_validate(dict(data))
     except ValidationError as exc:
@@ -321,7 +272,9 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     if overrides is None:
         return parse_config(data, str(path))
     if not isinstance(overrides, Mapping):
-        raise ConfigError(f"{path}: the overrides must be a table of keys, not {type(overrides).__name__}")
+        raise ConfigError(
+            f"{path}: the overrides must be a table of keys, not {type(overrides).__name__}"
+        )
     return parse_config(_laid_over(data, overrides), f"{path} with overrides")
 
 

@@ -141,7 +141,9 @@ class Container(containers.DeclarativeContainer):
         limits=providers.Callable(probe_limits, limits),
         model=config.provided.model,
     )
-    gate = providers.ThreadSafeSingleton(SlotGate, queue_per_slot=config.provided.limits.queue_per_slot)
+    gate = providers.ThreadSafeSingleton(
+        SlotGate, queue_per_slot=config.provided.limits.queue_per_slot
+    )
     # what the slots hold, as both flavours saw it, and the sessions on them
     memory = providers.ThreadSafeSingleton(slot_memory, config)
     client = providers.ThreadSafeSingleton(

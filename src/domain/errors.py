@@ -56,7 +56,10 @@ class _Shown(reprlib.Repr):
             return "{}"
         if level <= 0:
             return "{...}"
-        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), self.maxdict)]
+        items = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in islice(x.items(), self.maxdict)
+        ]
         return "{" + ", ".join(items) + (", ...}" if len(x) > self.maxdict else "}")
 
 
@@ -190,7 +193,9 @@ def stream_error(obj: object, body: str) -> HttpError:
     if isinstance(obj, dict):
         inner = obj.get("error")
         code = inner.get("code") if isinstance(inner, dict) else obj.get("code")
-    status = code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 500
+    status = (
+        code if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599 else 500
+    )
     return HttpError(status, body, 4 * len(body))  # every byte of its UTF-8
 
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.completion import Completion, Timings
-from domain.events import CacheCause, CachePrediction
+from domain.events import CacheCause, CachePrediction, ChatEvent
 from domain.hashing import sha256
 from domain.llama_api import Props
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest
@@ -39,12 +39,14 @@ from domain.messages import AssistantMessage, ChatMessage, ChatRequest
 __all__ = [
     "CacheSettings",
     "Checkpoint",
+    "Prepared",
     "Rendered",
     "SlotTurn",
     "checkpoint_filename",
     "common_prefix",
     "covered",
     "covers",
+    "held_after_restore",
     "predict",
     "prompt_digest",
     "restore_refusal",
@@ -297,3 +299,30 @@ def restore_refusal(
     if tokens is not None and not covers(checkpoint, tokens):
         return "the request does not begin with the prompt it covers"
     return None
+
+
+def held_after_restore(before: Rendered, checkpoint: Checkpoint, restored: int) -> int:
+    """What a slot holds of the previous request (rendered `before`) after `restored` tokens of
+    `checkpoint` went back into it: all, if the checkpoint was taken after that request."""
+    last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
+    return restored if last else min(restored, checkpoint.prompt_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `AsyncPromptCache.before` made of a turn: the events to emit before it is sent (a
+    session's move, save and restore, then the prediction), the prediction and the rendering."""
+
+    events: tuple[ChatEvent, ...]
+    prediction: CachePrediction | None
+    rendered: Rendered | None
+
+    @classmethod
+    def of(
+        cls,
+        events: list[ChatEvent],
+        prediction: CachePrediction | None,
+        rendered: Rendered | None,
+    ) -> Prepared:
+        said = (*events, prediction) if prediction is not None else tuple(events)
+        return cls(said, prediction, rendered)

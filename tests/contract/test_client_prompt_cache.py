@@ -28,7 +28,7 @@ from app.container import Container
 from cache_server import ANSWER, CachingLlama, render
 from client_support import LIMITS, NO_PROXY_LIMIT, RETRY, Kind
 from domain.cancel import CancelToken
-from domain.errors import Cancelled, ClientClosed, RequestError, StreamClosedEarly
+from domain.errors import Cancelled, ClientClosed, LoadTimeout, RequestError, StreamClosedEarly
 from domain.events import CacheCause, CachePrediction, ChatEvent, Content
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage
 
@@ -39,12 +39,20 @@ ASK = UserMessage("What is the capital of France?")
 LONG_REASONING = "The user asks for a capital. France's capital is Paris, as every atlas says. " * 2
 
 
-def client_for(kind: Kind, server: FakeServer, *, predict: bool = True, poll_ms: int = 1000) -> Client:
-    """A client whose prediction requests may take up to `poll_ms` (the probe's limit)."""
+def client_for(
+    kind: Kind,
+    server: FakeServer,
+    *,
+    predict: bool = True,
+    poll_ms: int = 1000,
+    **limits: int,
+) -> Client:
+    """A client whose prediction requests may take up to `poll_ms` (the probe's limit), with
+    the other `limits` changed."""
     data: dict[str, Any] = {
         "proxy": NO_PROXY_LIMIT,
         "socket": server.socket_path,
-        "limits": {**LIMITS, "poll_ms": poll_ms},
+        "limits": {**LIMITS, "poll_ms": poll_ms, **limits},
         "retry": RETRY,
         "cache": {"predict": predict},
     }
@@ -156,6 +164,47 @@ def test_a_prediction_that_fails_for_one_turn_never_fails_the_turn(server: FakeS
     assert Content(ANSWER) in events and predictions(events) == []
 
 
+def test_a_server_wedged_at_the_restore_ends_the_turn_within_the_turns_own_wait(
+    server: FakeServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server answers the prediction, then nothing: not the restore, the chat or a probe. The
+    # restore may wait what the turn's `load_wait_ms` has left, and the head wait charges that
+    # time too: the turn ends on its one budget, not on a whole `load_wait_ms` spent on the
+    # restore before a whole one of its own.
+    _, client = saved_then_restarted(server, client_kind, poll_ms=100, load_wait_ms=300)
+    emptied = [{"id": i, "is_processing": False, "n_prompt_tokens": 0} for i in (0, 1)]
+    server.route("GET", "/slots", json_reply(emptied), silence())
+    server.route("POST", "/slots/0", silence())
+    server.route("POST", "/v1/chat/completions", silence())
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="inferpath"), pytest.raises(LoadTimeout):
+        turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+    elapsed = time.monotonic() - started
+    assert any("not restored: Stalled" in r.getMessage() for r in caplog.records), caplog.text
+    # 300 ms from the slot taken, and the probe that finds it spent (100 ms): about 0.4 s;
+    # two whole waits of 300 ms and more before
+    assert elapsed < 0.6, elapsed
+
+
+def test_a_restore_slower_than_a_probe_is_waited_for(server: FakeServer, client_kind: Kind) -> None:
+    # A restore reads the checkpoint into the slot: it may take longer than the prediction's
+    # short requests may (100 ms here), and gets what the turn's wait has left for it.
+    llama = CachingLlama(server)
+    client = client_for(client_kind, server, poll_ms=100)
+    turn(client, SYSTEM, ASK)
+    checkpoint = client.save_slot(0)
+    assert checkpoint is not None
+    llama.restart()
+    restored = {"filename": checkpoint.filename, "n_restored": checkpoint.tokens, "n_read": 1}
+    server.route("POST", "/slots/0", json_reply({"id_slot": 0, **restored}, head_delay_s=0.3))
+
+    events = turn(client, SYSTEM, ASK, AssistantMessage(ANSWER), UserMessage("And of Spain?"))
+
+    [prediction] = predictions(events)
+
+    assert prediction.restored == checkpoint.tokens
+
+
 @pytest.mark.parametrize("status", [404, 501])
 def test_a_slots_answer_of_404_or_501_skips_one_turn_and_turns_nothing_off(
     server: FakeServer, client_kind: Kind, status: int, caplog: pytest.LogCaptureFixture
@@ -199,10 +248,14 @@ def test_a_token_id_that_is_not_one_skips_the_prediction_not_the_turn(
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def saved_then_restarted(server: FakeServer, kind: Kind) -> tuple[CachingLlama, Client]:
+def saved_then_restarted(
+    server: FakeServer,
+    kind: Kind,
+    **limits: int,
+) -> tuple[CachingLlama, Client]:
     """One turn on slot 0, its checkpoint saved, and the server restarted (the slot emptied)."""
     llama = CachingLlama(server)
-    client = client_for(kind, server)
+    client = client_for(kind, server, **limits)
     turn(client, SYSTEM, ASK)
     assert client.save_slot(0) is not None
     llama.restart()

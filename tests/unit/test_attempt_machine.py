@@ -7,11 +7,41 @@ import random
 
 import pytest
 
-from domain.attempt import TRANSITIONS, AttemptMachine, AttemptStateError, Input, Phase
-from domain.errors import ConnectError, HttpError, LoadTimeout, ProtocolError, Stalled, StreamClosedEarly
+from client_support import STREAM_LIMITS
+from domain.attempt import (
+    ACTIONS,
+    TRANSITIONS,
+    Action,
+    AttemptMachine,
+    AttemptStateError,
+    Input,
+    Phase,
+)
+from domain.errors import (
+    ConnectError,
+    HttpError,
+    LoadTimeout,
+    ModelNotLoaded,
+    ProtocolError,
+    Stalled,
+    StreamClosedEarly,
+    WaitTimeout,
+)
+from domain.limits import ClientLimits
 from domain.retry import Attempts, RetryPolicy
+from ports.slot_probe import SlotState
 
 LIVE = [p for p in Phase if p not in (Phase.DONE, Phase.FAILED)]
+# Polls each 100 ms; the slot may stay busy 1 s, loading 0.5 s, idle 0.3 s.
+LIMITS = ClientLimits(
+    poll_s=0.1,
+    busy_wait_s=1.0,
+    load_wait_s=0.5,
+    idle_grace_s=0.3,
+    body_bytes=1 << 16,
+    error_body_bytes=4096,
+    stream=STREAM_LIMITS,
+)
 
 
 class Fixed(random.Random):
@@ -20,9 +50,8 @@ class Fixed(random.Random):
 
 
 def machine(*, resend: bool = True, attempts: int = 4, total_s: float = 60.0) -> AttemptMachine:
-    schedule = {"delays_s": (0.1, 0.2, 0.4), "jitter": 0.0, "total_s": total_s}
-    policy = RetryPolicy(attempts=attempts, **schedule, rng=Fixed())  # type: ignore[arg-type]
-    return AttemptMachine(Attempts(policy, 0.0), resend=resend)
+    policy = RetryPolicy(attempts=attempts, delays_s=(0.1, 0.2, 0.4), jitter=0.0, total_s=total_s, rng=Fixed())
+    return AttemptMachine(Attempts(policy, 0.0), LIMITS, 0, resend=resend)
 
 
 def at(phase: Phase, **options: object) -> AttemptMachine:
@@ -181,3 +210,163 @@ def test_re_attaches_and_re_sends_spend_one_schedule() -> None:
     m.happened(taken.then)
     with pytest.raises(HttpError):
         m.failed(HttpError(503, "Loading model"), 3.0)  # no fourth
+
+
+# -- the actions the driver does ------------------------------------------------------------------
+
+
+def test_every_phase_has_one_action_and_a_live_phase_is_never_done() -> None:
+    assert set(ACTIONS) == set(Phase)
+    assert [p for p in LIVE if ACTIONS[p] in (Action.DONE, Action.STOP)] == []
+
+
+def test_a_call_that_goes_well_asks_for_each_action_in_turn() -> None:
+    m = machine()
+    actions = [m.action]
+    m.slot_free(0.0, now=0.0)
+    actions.append(m.action)
+    m.happened(Input.PREPARED)
+    actions.append(m.action)
+    m.sent(0.01)
+    actions.append(m.action)
+    m.happened(Input.HEAD)
+    actions.append(m.action)
+    m.happened(Input.COMPLETED)
+    actions.append(m.action)
+
+    assert actions == [
+        Action.ENTER,
+        Action.PREPARE,
+        Action.SEND,
+        Action.POLL,
+        Action.READ,
+        Action.DONE,
+    ]
+
+
+def test_a_cut_is_slept_on_then_re_attached_as_decided() -> None:
+    m = at(Phase.STREAMING)
+    m.cut_at(StreamClosedEarly("closed"), 1.0, 0)
+    assert m.action is Action.SLEEP and m.pending is not None
+
+    assert m.slept() is Phase.REATTACHING
+    assert (m.action, m.pending) == (Action.REATTACH, None)
+
+
+def test_a_sleep_with_no_retry_decided_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="no retry to make"):
+        at(Phase.BACKING_OFF).slept()
+
+
+# -- the budgets ---------------------------------------------------------------------------------
+
+
+def test_the_time_queued_at_the_gate_is_charged_to_busy_wait_ms() -> None:
+    m = machine()
+    m.slot_free(0.7, now=10.0)
+    m.happened(Input.PREPARED)
+    wait = m.sent(10.0)
+
+    assert wait.busy_s == pytest.approx(0.7)
+    m.polled(10.2, SlotState.BUSY)
+    decision = m.polled(10.3, SlotState.BUSY)  # 0.7 queued + 0.3 busy: busy_wait_ms reached
+    assert isinstance(decision.error, WaitTimeout)
+    assert "700 ms of it queued in this client" in str(decision.error)
+
+
+def test_the_preparation_is_charged_to_the_first_poll_so_a_slow_restore_resets_no_budget() -> None:
+    m = machine()
+    m.slot_free(0.0, now=10.0)
+    m.happened(Input.PREPARED)  # the prediction and a restore took 0.25 s: the slot held, no answer
+    wait = m.sent(10.25)
+
+    assert wait.timeout(10.25) == 0.0  # the first poll is overdue: the wait ran from the slot taken
+    decision = m.polled(10.3, SlotState.IDLE)  # 0.3 s idle: the grace, counted from the slot taken
+    assert isinstance(decision.error, Stalled)
+    assert m.phase is Phase.AWAITING_HEAD
+
+
+def test_a_re_send_within_the_attempt_finds_the_slot_held_and_starts_a_fresh_wait() -> None:
+    m = machine()
+    m.slot_free(0.7, now=10.0)
+    m.happened(Input.PREPARED)
+    m.sent(10.5)
+    m.happened(Input.HEAD)
+    m.happened(m.cut_at(StreamClosedEarly("closed"), 11.0, 0).then)
+    m.refused()
+
+    wait = m.sent(11.2)
+
+    assert (wait.busy_s, wait.timeout(11.2)) == (0.0, pytest.approx(0.1))
+
+
+def test_a_load_is_charged_and_carried_into_the_chats_own_wait() -> None:
+    m = machine()
+    assert m.failed(ModelNotLoaded(400, "model is not loaded"), 0.0) is None
+    assert (m.phase, m.action) == (Phase.LOADING, Action.LOAD)
+    m.load_wait(0.0)
+    m.polled(0.1, SlotState.LOADING)
+    m.polled(0.2, SlotState.BEHIND)
+    m.loaded()
+    assert (m.phase, m.charged.loaded) == (Phase.QUEUED, True)
+
+    m.slot_free(0.0, now=0.25)
+    m.happened(Input.PREPARED)
+    wait = m.sent(0.25)
+
+    assert (wait.loading_s, wait.behind_s) == (pytest.approx(0.1), pytest.approx(0.1))
+    decision = m.polled(0.55, SlotState.LOADING)  # 0.1 + 0.3 loading, no more: under 500 ms
+    assert decision.error is None
+    assert isinstance(m.polled(0.65, SlotState.LOADING).error, LoadTimeout)
+
+
+def test_a_load_that_timed_out_is_re_sent_with_what_it_charged() -> None:
+    m = machine()
+    m.failed(ModelNotLoaded(400, "model is not loaded"), 0.0)
+    m.load_wait(0.0)
+    decision = m.polled(0.5, SlotState.LOADING)
+    assert isinstance(decision.error, LoadTimeout)
+
+    taken = m.failed(decision.error, 0.5)
+
+    assert taken is not None and taken.then is Input.RESEND
+    assert m.charged.load_s == pytest.approx(0.5), "no budget resets another"
+
+
+def test_a_model_evicted_again_after_its_load_is_not_waited_for_twice() -> None:
+    m = machine()
+    m.failed(ModelNotLoaded(400, "model is not loaded"), 0.0)
+    m.load_wait(0.0)
+    m.loaded()
+    m.slot_free(0.0, now=0.1)
+
+    with pytest.raises(ModelNotLoaded):
+        m.failed(ModelNotLoaded(400, "model is not loaded"), 0.1)
+    assert m.phase is Phase.FAILED
+
+
+def test_a_load_wait_outside_loading_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="no load to wait for"):
+        at(Phase.SENDING).load_wait(0.0)
+
+
+def test_a_poll_outside_a_head_or_load_wait_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="polled cannot happen while streaming"):
+        at(Phase.STREAMING).polled(1.0, SlotState.IDLE)
+
+
+def test_a_restore_may_wait_what_the_load_budget_has_left_after_a_load_and_preparing() -> None:
+    m = machine()
+    m.failed(ModelNotLoaded(400, "model is not loaded"), 0.0)
+    m.load_wait(0.0)
+    m.polled(0.1, SlotState.LOADING)  # 0.1 of the 0.5 s load budget spent loading
+    m.loaded()
+    m.slot_free(0.0, now=0.2)
+
+    assert m.preparing_left_s(0.25) == pytest.approx(0.35)  # 0.5 - 0.1 loading - 0.05 preparing
+    assert m.preparing_left_s(1.0) == 0.0
+
+
+def test_a_restore_outside_the_preparation_is_the_drivers_bug() -> None:
+    with pytest.raises(AttemptStateError, match="nothing prepared while sending"):
+        at(Phase.SENDING).preparing_left_s(0.0)

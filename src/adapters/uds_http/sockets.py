@@ -81,7 +81,9 @@ class SocketStream:
         first waits for its turn (`cancel` ends that wait too)."""
         delay = 0.0 if budget is None else turn_in(budget, path)
         if delay > 0.0 and sleep_unless_cancelled(delay, cancel):
-            raise ConnectError(f"cannot connect to {path}: cancelled while waiting its turn under {budget}")
+            raise ConnectError(
+                f"cannot connect to {path}: cancelled while waiting its turn under {budget}"
+            )
         sock = BacklogWait.first(path, timeout, ahead)
         if sock is None:  # the accept backlog is full: waited out
             wait = BacklogWait(path, timeout, time.monotonic)
@@ -94,7 +96,9 @@ class SocketStream:
 
     def send_now(self, data: bytes) -> int:
         try:
-            if self._timeout:  # a positive timeout: the descriptor is non-blocking, and `send` polls first
+            if (
+                self._timeout
+            ):  # a positive timeout: the descriptor is non-blocking, and `send` polls first
                 return os.write(self._sock.fileno(), data)
             return self._sock.send(data, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
@@ -272,7 +276,9 @@ def turn_in(budget: ConnectBudget, path: str) -> float:
     now = time.monotonic()
     turn = budget.reserve(now, now + TURN_WAIT_S)
     if turn is None:
-        raise ConnectError(f"cannot connect to {path}: no turn within {TURN_WAIT_S:.0f} s under {budget}")
+        raise ConnectError(
+            f"cannot connect to {path}: no turn within {TURN_WAIT_S:.0f} s under {budget}"
+        )
     return turn - now
 
 
@@ -305,12 +311,16 @@ class BacklogWait:
         """How long to wait before the next attempt; `ConnectError` once the limit has passed."""
         left = self._deadline - now
         if left <= 0.0:
-            raise ConnectError(f"cannot connect to {self._path}: the server's accept backlog is full")
+            raise ConnectError(
+                f"cannot connect to {self._path}: the server's accept backlog is full"
+            )
         pause, self._next = min(self._next, left), min(self._next * 2, _LAST_PAUSE_S)
         return pause
 
     def cancelled(self) -> ConnectError:
-        return ConnectError(f"cannot connect to {self._path}: cancelled while the server's accept backlog was full")
+        return ConnectError(
+            f"cannot connect to {self._path}: cancelled while the server's accept backlog was full"
+        )
 
 
 class SocketAhead:

@@ -28,17 +28,14 @@ from collections.abc import AsyncGenerator, Callable
 from types import TracebackType
 
 from app._async.call import AsyncLlamaCalls
-from app._async.flight import Flight
-from app.call_log import log_retry
 from app.calls import CLOSE_WAIT_S, AsyncCalls, AsyncInner
 from app.event_stream import AsyncEventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import AsyncSlotQueue
-from domain.attempt import AttemptMachine, Input
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import InferError, ModelNotLoaded
+from domain.errors import InferError
 from domain.events import ChatEvent
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -47,8 +44,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
-from domain.sessions import placed, session_of
-from domain.waiting import Charged
+from domain.sessions import session_of
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncTransport
@@ -133,10 +129,13 @@ class AsyncClient:
             return await stream.run(sink)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
-        """`chat` as an iterator of events: `async with client.stream(req) as s: async for e in s: ...`."""
+        """`chat` as an iterator of events:
+        `async with client.stream(req) as s: async for e in s: ...`."""
         return AsyncEventStream(lambda token: self._steps(req, token, cancel, retry=False))
 
-    def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> AsyncEventStream:
+    def stream_with_retry(
+        self, req: ChatRequest, cancel: CancelToken | None = None
+    ) -> AsyncEventStream:
         """`chat_with_retry` as an iterator of events."""
         return AsyncEventStream(lambda token: self._steps(req, token, cancel, retry=True))
 
@@ -149,57 +148,19 @@ class AsyncClient:
         unclosed). Learning the slot count from `/props` (when the config does not give it) is
         part of the first attempt, so a server down or loading at that moment is retried too."""
         self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
-        llama = self._llama
-        session: str | None = None
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            session = session_of(req)  # RequestError: neither slot nor session, or both
-            machine = AttemptMachine(llama.attempts(), resend=retry)
-            body: bytes | None = None
-            charged = Charged()
-            while True:
-                link = None
-                try:
-                    if body is None:
-                        if session is not None and req.slot is None:  # placed once per call
-                            req = await llama.cache.sessions.place(req, session, token)
-                        body = await llama.info.render(req, token)  # a request refused connects nothing
-                        if llama.sends_at_once(placed(req)):  # accepted while the call sets out
-                            link = await llama.info.link_ahead(token)
-                    flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
-                    steps = llama.attempt(req, body, token, flight)
-                    try:
-                        async for step in steps:
-                            yield step
-                    finally:
-                        await AsyncInner.close(steps)
-                    return
-                except ModelNotLoaded as error:  # a router asked without loading (the slot count, the prediction)
-                    if charged.loaded:
-                        machine.give_up(error)  # evicted again at once: not waited for twice
-                    machine.happened(Input.MODEL_NOT_LOADED)
-                    async for waiting in llama.info.load(llama.probe, _slot(req), token, charged):
-                        yield waiting  # loaded for this chat, which would load it anyway
-                    machine.happened(Input.LOADED)
-                except InferError as error:
-                    if token.cancelled:
-                        raise
-                    now = self._clock.now()
-                    taken = machine.failed(error, now)  # raised, if not retried
-                    yield log_retry(_slot(req), machine.attempts, taken, now)
-                    await self._clock.sleep(taken.after_s, token)
-                    token.raise_if_cancelled()
-                    machine.happened(taken.then)
-                finally:
-                    if link is not None:
-                        link.close()  # never sent on; once it was, its exchange has closed it already
+            steps = self._llama.chat(req, token, retry=retry)
+            try:
+                async for step in steps:
+                    yield step
+            finally:
+                await AsyncInner.close(steps)
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc
             raise
         finally:
-            if session is not None and req.slot is not None:
-                llama.cache.sessions.release(req.slot)
             self._calls.end(token)
 
     # -- the small calls ----------------------------------------------------------------------
@@ -207,7 +168,7 @@ class AsyncClient:
     async def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         async with self._calls.scope(cancel) as token:
-            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
+            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call
             session_of(req)  # RequestError: neither slot nor session, or both
             return await self._llama.info.render(req, token)
 
@@ -235,14 +196,14 @@ class AsyncClient:
         the slot emptied (a server restart) restores it by itself. None when the server keeps no
         checkpoints (started without `--slot-save-path`: one WARNING, then never asked again)."""
         async with self._calls.scope(cancel) as token:
-            return await self._llama.save_slot(slot, token)
+            return await self._llama.holding(slot, token, self._llama.cache.save)
 
     async def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
         """Put slot `slot`'s last checkpoint back into it; the tokens restored. `RequestError`
         when it has none, or when the server's template, model or slot context is not the one it
         was saved under."""
         async with self._calls.scope(cancel) as token:
-            return await self._llama.restore_slot(slot, token)
+            return await self._llama.holding(slot, token, self._llama.cache.restore)
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -263,18 +224,16 @@ class AsyncClient:
         return self
 
     async def __aexit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         await self.aclose()
 
 
 def _ignore(event: object) -> None:
     """The events of a call that asked for none."""
-
-
-def _slot(req: ChatRequest) -> int:
-    """The request's slot; 0 for a session's before its call places it (a load, a retry's log)."""
-    return req.slot if req.slot is not None else 0
 
 
 def _sink(on_event: EventSink | None) -> EventSink:

@@ -7,6 +7,8 @@ then the body (or an error body) within `body_wait_s` more, in all, however it t
 `HttpError(status, body)` with as much of the body as came within the deadline, up to
 `error_body_bytes`. The connection is always closed before returning or raising.
 
+`reattach` asks for the rest of a chat's stream (`GET /v1/stream`) on a connection of its own.
+
 `AsyncHttpSlotProbe` is the `AsyncSlotProbe` port over any transport: `GET /slots` on a
 connection of its own under `ClientLimits.probe()`. A server that took the connection and then
 sent no whole answer within those limits (`Stalled`: no head, or a body that stopped) is
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
+from app._async.flight import Flight
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
 from domain.cancel import CancelToken
@@ -29,9 +32,13 @@ from domain.limits import ClientLimits
 from domain.llama_api import (
     CONTROL_PATH,
     MODELS_PATH,
+    REATTACH_REFUSED,
     SLOTS_PATH,
+    STREAM_PATH,
     control_refusal,
     not_a_stream,
+    reattach_later,
+    reattach_path,
     slot_state,
     with_model,
 )
@@ -40,7 +47,17 @@ from ports.clock import AsyncClock
 from ports.slot_probe import SlotState
 from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, ResponseHead, TimedOut
 
-__all__ = ["AsyncHttpSlotProbe", "check_stream_head", "error_body", "fetch", "read_all", "refuse", "stop"]
+__all__ = [
+    "AsyncHttpSlotProbe",
+    "Refused",
+    "check_stream_head",
+    "error_body",
+    "fetch",
+    "read_all",
+    "reattach",
+    "refuse",
+    "stop",
+]
 
 # How often, and how far apart, a cut on a router asks `/models` whether the model is still loaded.
 _UNLOAD_LOOKS, _UNLOAD_LOOK_S = 4, 0.1
@@ -72,10 +89,13 @@ async def fetch(
         exchange.close()
 
 
-async def stop(transport: AsyncTransport, clock: AsyncClock, path: str, limits: ClientLimits) -> None:
+async def stop(
+    transport: AsyncTransport, clock: AsyncClock, path: str, limits: ClientLimits
+) -> None:
     """`DELETE path` within `limits.stop_wait_s` in all (of what a close under way left the stops
     it makes one after another, if it is one of them): connected, written, and its answer's head
-    awaited for what is left (its body is not read); a failure or a refusal is logged, never raised."""
+    awaited for what is left (its body is not read); a failure or a refusal is logged, never
+    raised."""
     budget, started = CLOSING.get(), clock.now()
     wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
     try:
@@ -103,7 +123,12 @@ async def _stop(transport: AsyncTransport, clock: AsyncClock, path: str, wait_s:
 
 
 async def named_cut(
-    transport: AsyncTransport, clock: AsyncClock, limits: FetchLimits, model: str, cut: InferError, token: CancelToken
+    transport: AsyncTransport,
+    clock: AsyncClock,
+    limits: FetchLimits,
+    model: str,
+    cut: InferError,
+    token: CancelToken,
 ) -> InferError:
     """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
     named for an unload when a router's `/models` says the model is gone (`unloaded_cut`); as
@@ -114,7 +139,9 @@ async def named_cut(
         if look:
             await clock.sleep(_UNLOAD_LOOK_S, token)
         try:
-            status = model_status(await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model)
+            status = model_status(
+                await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model
+            )
         except InferError:
             token.raise_if_cancelled()
             return cut
@@ -124,21 +151,70 @@ async def named_cut(
 
 
 async def post_control(
-    transport: AsyncTransport, clock: AsyncClock, body: bytes, limits: FetchLimits, token: CancelToken
+    transport: AsyncTransport,
+    clock: AsyncClock,
+    body: bytes,
+    limits: FetchLimits,
+    token: CancelToken,
 ) -> str | None:
     """POST the `reasoning_end` control call on a connection of its own: None on
     `{"success": true}`, else why not (a refusal or a failure, in words)."""
     try:
-        return control_refusal(await fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token))
+        return control_refusal(
+            await fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token)
+        )
     except InferError as exc:
         token.raise_if_cancelled()
         return f"{type(exc).__name__}: {exc}"
 
 
+async def reattach(
+    transport: AsyncTransport,
+    clock: AsyncClock,
+    limits: ClientLimits,
+    flight: Flight,
+    token: CancelToken,
+) -> None:
+    """The rest of the flight's body from the bytes it consumed (a little before: read again,
+    and checked), on a new connection the flight reads on. `Refused`: 404, 400; a break
+    (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
+    stream, conversation = flight.stream, flight.conversation
+    assert stream is not None and conversation is not None
+    offset, tail = stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
+    wait, path = limits.reattach_wait_s, reattach_path(conversation, offset)
+    exchange = await transport.open("GET", path, None, timeout=wait, cancel=token)
+    try:
+        head = await exchange.head(wait)
+        if isinstance(head, TimedOut):
+            ms = wait * 1000
+            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {ms:.0f} ms")
+        client_log.debug("re-attach from body byte %d: response head %d", offset, head.status)
+        if head.status in REATTACH_REFUSED:
+            raise Refused(head.status)
+        if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
+            raise later
+        await check_stream_head(exchange, head, clock, limits)
+    except BaseException:
+        exchange.close()
+        raise
+    flight.picked_up(exchange, offset)
+    stream.resumed(clock.now(), tail)
+
+
+class Refused(Exception):
+    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
+    400: the offset left its ring). Never leaves the chat's driver (`app._async.call`)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"re-attach refused with HTTP {status}")
+        self.status = status
+
+
 async def check_stream_head(
     exchange: AsyncExchange, head: ResponseHead, clock: AsyncClock, limits: ClientLimits
 ) -> None:
-    """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
+    """A head that starts no event stream: `HttpError` with its body, or the whole answer's
+    `ProtocolError`."""
     if head.status != 200:
         await refuse(exchange, head, clock, limits)
     refused = not_a_stream(head, exchange.what)
@@ -146,9 +222,14 @@ async def check_stream_head(
         raise refused
 
 
-async def refuse(exchange: AsyncExchange, head: ResponseHead, clock: AsyncClock, limits: ClientLimits) -> NoReturn:
-    """Raise the error a head that is not 200 says, with its body as far as it came within the liveness limit."""
-    kept = await error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
+async def refuse(
+    exchange: AsyncExchange, head: ResponseHead, clock: AsyncClock, limits: ClientLimits
+) -> NoReturn:
+    """Raise the error a head that is not 200 says, with its body as far as it came within the
+    liveness limit."""
+    kept = await error_body(
+        exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes
+    )
     raise http_error(head.status, kept, limits.error_body_bytes)
 
 
@@ -163,7 +244,9 @@ async def read_all(exchange: AsyncExchange, clock: AsyncClock, limit: int, timeo
     return body.data()
 
 
-async def error_body(exchange: AsyncExchange, clock: AsyncClock, deadline: float, limit: int) -> bytes:
+async def error_body(
+    exchange: AsyncExchange, clock: AsyncClock, deadline: float, limit: int
+) -> bytes:
     """Up to `limit` bytes of an error answer's body, as far as it came by `deadline`."""
     body = ErrorBody(limit, deadline)
     try:
@@ -185,7 +268,11 @@ class AsyncHttpSlotProbe:
     __slots__ = ("_clock", "_limits", "_model", "_path", "_transport")
 
     def __init__(
-        self, transport: AsyncTransport, clock: AsyncClock, limits: FetchLimits, model: str | None = None
+        self,
+        transport: AsyncTransport,
+        clock: AsyncClock,
+        limits: FetchLimits,
+        model: str | None = None,
     ) -> None:
         self._transport = transport
         self._clock = clock
@@ -199,12 +286,16 @@ class AsyncHttpSlotProbe:
         clock = self._clock
         started = clock.now()
         try:
-            body = await fetch(self._transport, clock, "GET", self._path, None, self._limits, cancel)
+            body = await fetch(
+                self._transport, clock, "GET", self._path, None, self._limits, cancel
+            )
         except Stalled:
             # It took the connection and said nothing in time (paused, stuck in a decode).
             waited_ms = (clock.now() - started) * 1000
             log.warning(
-                "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)", slot, waited_ms
+                "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)",
+                slot,
+                waited_ms,
             )
             return SlotState.UNRESPONSIVE
         except ModelNotLoaded:
@@ -212,7 +303,9 @@ class AsyncHttpSlotProbe:
         except HttpError as exc:
             state = refused_state(exc)
             if state is SlotState.LOADING:
-                log.warning("slot %d: /slots probe: the model is loading (HTTP %d)", slot, exc.status)
+                log.warning(
+                    "slot %d: /slots probe: the model is loading (HTTP %d)", slot, exc.status
+                )
             else:
                 log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
             return state
@@ -230,9 +323,13 @@ class AsyncHttpSlotProbe:
         if self._model is None:  # (a router answers "not loaded" only to a request that names one)
             return SlotState.UNAVAILABLE
         try:
-            listing = await fetch(self._transport, self._clock, "GET", MODELS_PATH, None, self._limits, cancel)
+            listing = await fetch(
+                self._transport, self._clock, "GET", MODELS_PATH, None, self._limits, cancel
+            )
         except InferError as exc:
-            log.warning("slot %d: the model is not loaded, and /models failed (%s)", slot, loggable(exc))
+            log.warning(
+                "slot %d: the model is not loaded, and /models failed (%s)", slot, loggable(exc)
+            )
             return SlotState.UNAVAILABLE
         state = model_state(listing, self._model)
         log.warning("slot %d: the model is not loaded: %s", slot, _SAID[state])

@@ -14,10 +14,12 @@ Only `props(load=True)` loads it (the self-test and `--print-expect`), and a cha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncGenerator
 
 from app._async.fetch import fetch, read_all, refuse
+from domain.attempt import AttemptMachine
 from domain.cancel import CancelToken
 from domain.errors import InferError
 from domain.events import Waiting
@@ -38,7 +40,6 @@ from domain.llama_api import (
 )
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
-from domain.waiting import Charged
 from ports.clock import AsyncClock
 from ports.slot_probe import AsyncSlotProbe
 from ports.transport import AsyncTransport, Link, TimedOut
@@ -67,7 +68,9 @@ class AsyncServerInfo:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
-        self.n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
+        self.n_ctx = (
+            n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
+        )
 
     async def render(self, req: ChatRequest, token: CancelToken) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic): every check
@@ -77,10 +80,10 @@ class AsyncServerInfo:
             check_slot(req.slot, await self.slot_count(token))
         return body
 
-    async def props(self, token: CancelToken, *, load: bool = False) -> Props:
+    async def props(self, token: CancelToken, *, load: bool = False, quick: bool = False) -> Props:
         """`/props` of the config's model; `load`: a router loads it if it is not (under the
-        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`."""
-        return self.learned(parse_props(await self.get(PROPS_PATH, token, load=load)))
+        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`; `quick`: as `get`'s."""
+        return self.learned(parse_props(await self.get(PROPS_PATH, token, quick=quick, load=load)))
 
     def learned(self, props: Props) -> Props:
         """Keep what `props` says of the slots, where the config did not pin it."""
@@ -94,15 +97,23 @@ class AsyncServerInfo:
         return parse_slots(await self.get(SLOTS_PATH, token))
 
     async def tokenize(self, text: str, token: CancelToken) -> list[Token]:
-        return parse_tokens(await self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token))
+        return parse_tokens(
+            await self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token)
+        )
 
     async def check_slot(self, slot: int, token: CancelToken) -> int:
         """`slot`, or `RequestError` when it is not one of the server's slots (one that is no
         slot at all, before the slot count is asked of the server)."""
         checked = check_slot(slot, self._total_slots)
-        return checked if self._total_slots is not None else check_slot(slot, await self.slot_count(token))
+        return (
+            checked
+            if self._total_slots is not None
+            else check_slot(slot, await self.slot_count(token))
+        )
 
-    async def get(self, path: str, token: CancelToken, *, quick: bool = False, load: bool = False) -> bytes:
+    async def get(
+        self, path: str, token: CancelToken, *, quick: bool = False, load: bool = False
+    ) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
         the server answers at once or not at all); with `autoload=false` unless `load`. A
         cancelled `token`: no connection is made."""
@@ -111,11 +122,24 @@ class AsyncServerInfo:
         limits = self._limits.probe() if quick else self._limits.info()
         return await fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
-    async def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
-        """`POST path?autoload=false` (`body` names the model); limits as `get`'s."""
+    async def post(
+        self,
+        path: str,
+        body: bytes,
+        token: CancelToken,
+        *,
+        quick: bool = False,
+        within: float | None = None,
+    ) -> bytes:
+        """`POST path?autoload=false` (`body` names the model); limits as `get`'s, or the head
+        `within` seconds and the body under the probe's limit (for work a turn waits for)."""
         token.raise_if_cancelled()  # no connection for a cancelled call
-        limits = self._limits.probe() if quick else self._limits.info()
-        return await fetch(self._transport, self._clock, "POST", no_autoload(path), body, limits, token)
+        limits = self._limits.probe() if quick or within is not None else self._limits.info()
+        if within is not None:
+            limits = dataclasses.replace(limits, head_wait_s=within)
+        return await fetch(
+            self._transport, self._clock, "POST", no_autoload(path), body, limits, token
+        )
 
     async def link_ahead(self, token: CancelToken) -> Link | None:
         """A connection for a chat whose body is rendered and will be sent at once, made first,
@@ -130,36 +154,36 @@ class AsyncServerInfo:
             return None
 
     async def load(
-        self, probe: AsyncSlotProbe, slot: int, token: CancelToken, charged: Charged
+        self, probe: AsyncSlotProbe, machine: AttemptMachine, token: CancelToken
     ) -> AsyncGenerator[Waiting, None]:
-        """Have a router load the model for a chat about to be sent on `slot`, and learn its
-        `/props`: a `GET /props` that loads it, its head awaited with a `probe` each `poll_ms`
-        (`Waiting`: loading, or behind another model's work) under the chat's own budgets, what
-        it charged kept in `charged` for the chat's wait. A model already loaded answers at once."""
-        limits, clock, now = self._limits, self._clock, self._clock.now
+        """Have a router load the model for a chat about to be sent on the machine's slot, and
+        learn its `/props`: a `GET /props` that loads it, its head awaited with a `probe` each
+        `poll_ms` (`Waiting`: loading, or behind another model's work) under the chat's own
+        budgets, charged by the machine (`AttemptMachine.load_wait`). A model already loaded
+        answers at once."""
+        limits, clock, now, slot = self._limits, self._clock, self._clock.now, machine.slot
         token.raise_if_cancelled()
         path = with_model(PROPS_PATH, self._settings.model)
         transport = self._transport
         exchange = await transport.open("GET", path, None, timeout=limits.poll_s, cancel=token)
         try:
-            wait = limits.first_byte_wait(now(), slot, before=charged)
+            wait = machine.load_wait(now())
             log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)
             while isinstance(head := await exchange.head(wait.timeout(now())), TimedOut):
-                decision = wait.on_poll(now(), await probe.state(slot, token))
-                charged.carry(wait)
+                decision = machine.polled(now(), await probe.state(slot, token))
                 token.raise_if_cancelled()
                 yield decision.event
                 if decision.error is not None:
                     raise decision.error
-            charged.carry(wait)
             if head.status != 200:
                 await refuse(exchange, head, clock, limits)
             raw = await read_all(exchange, clock, limits.body_bytes, limits.liveness_s)
         finally:
             exchange.close()
-        charged.loaded = True
         self.learned(parse_props(raw))
-        log.debug("slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now()))
+        log.debug(
+            "slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now())
+        )
 
     async def slot_count(self, token: CancelToken) -> int:
         """The server's slot count; `ModelNotLoaded` from a router that has not loaded the model."""

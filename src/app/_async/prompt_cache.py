@@ -11,9 +11,11 @@ and its checkpoint matches the server and the request, the checkpoint is restore
 turn's `cache_n` says whether that helped (a WARNING when it did not).
 
 Invariants:
-- The prediction's requests run on the server's HTTP thread and are answered at once: each gets
-  the probe's short limits (`ClientLimits.probe()`), so a server that does not answer them
-  delays a turn by at most three of those.
+- The prediction's requests and the `/props` read before a restore run on the server's HTTP
+  thread and are answered at once: each gets the probe's short limits (`ClientLimits.probe()`).
+  The restore works on the slot (it reads the file into it), so its answer may take what the
+  turn's `load_wait_ms` has left. Their time is charged to the turn's wait for its head
+  (`domain.attempt`): a server wedged at one of them delays the turn by no budget of its own.
 - The prediction never fails a turn: a server that cannot render (404, 501) turns it off with one
   WARNING; any other failure skips it for that turn (DEBUG). Only a cancel goes through.
 - A server without `--slot-save-path` (501) turns checkpoints off with one WARNING: `save_slot`
@@ -21,16 +23,14 @@ Invariants:
   then has no prompt on record, and only `restore_slot` puts it back.
 - A checkpoint is restored only into a server with its template, model and slot context, before
   a request that begins with the prompt it covers: the server itself checks none of it.
-- The client remembers, per slot, only its last completed request and its last checkpoint; per
-  session, its last completed request and its checkpoint (`app._async.sessions`), under the
-  disk cap (`[cache] session_disk_mb`).
+- The client remembers, per slot, its last completed request and checkpoint; per session, the
+  same (`app._async.sessions`), under the disk cap (`[cache] session_disk_mb`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 
 from app._async.info import AsyncServerInfo
 from app._async.sessions import AsyncSessions
@@ -57,41 +57,23 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import (
     CacheSettings,
     Checkpoint,
+    Prepared,
     Rendered,
     SlotTurn,
     checkpoint_filename,
     covered,
+    held_after_restore,
     predict,
     restore_refusal,
     server_model,
 )
 from domain.sessions import placed
 
-__all__ = ["AsyncPromptCache", "Prepared"]
+__all__ = ["AsyncPromptCache"]
 
 log = logging.getLogger("inferpath.client")
 
 _CANNOT_RENDER = frozenset({404, 501})
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What `AsyncPromptCache.before` made of a turn: the events to emit before it is sent (a
-    session's move, save and restore, then the prediction), the prediction and the rendering."""
-
-    events: tuple[ChatEvent, ...]
-    prediction: CachePrediction | None
-    rendered: Rendered | None
-
-    @classmethod
-    def of(
-        cls,
-        events: list[ChatEvent],
-        prediction: CachePrediction | None,
-        rendered: Rendered | None,
-    ) -> Prepared:
-        said = (*events, prediction) if prediction is not None else tuple(events)
-        return cls(said, prediction, rendered)
 
 
 class AsyncPromptCache:
@@ -99,12 +81,19 @@ class AsyncPromptCache:
     (a slot's entries change only while the slot is held at the gate)."""
 
     def __init__(
-        self, *, info: AsyncServerInfo, settings: CacheSettings, model: str, memory: SlotMemory | None = None
+        self,
+        *,
+        info: AsyncServerInfo,
+        settings: CacheSettings,
+        model: str,
+        memory: SlotMemory | None = None,
     ) -> None:
         self._info = info
         self._settings = settings
         self._model = model
-        self._memory = memory if memory is not None else SlotMemory()  # shared with the other flavour's client
+        self._memory = (
+            memory if memory is not None else SlotMemory()
+        )  # shared with the other flavour's client
         self.sessions = AsyncSessions(self, info=info, memory=self._memory)
 
     def checkpoint(self, slot: int) -> Checkpoint | None:
@@ -135,6 +124,7 @@ class AsyncPromptCache:
         body: bytes,
         token: CancelToken,
         *,
+        restore_s: float,
         loaded: bool = False,
     ) -> Prepared:
         """What comes before `req` is sent, the slot held at the gate: for a session's request,
@@ -143,17 +133,19 @@ class AsyncPromptCache:
         request on the slot) and the rendering (kept for the next one), restoring the slot's
         checkpoint if it was emptied. `ModelNotLoaded` from a router that has not loaded the
         model (the caller waits for it to load, then asks again with `loaded`: a second refusal
-        skips the prediction)."""
+        skips the prediction). A restore's answer is awaited `restore_s` at most: what the
+        turn's wait has left for it."""
         slot, session = placed(req), req.session
         events: list[ChatEvent] = []
         if session is None:
             self._memory.sessions.vacate(slot)
             checkpoint = self._memory.checkpoints.get(slot)
-            return Prepared.of(events, *await self._prepare(req, body, token, loaded, checkpoint))
+            prepared = await self._prepare(req, body, token, loaded, restore_s, checkpoint)
+            return Prepared.of(events, *prepared)
         checkpoint, moving = await self.sessions.arrive(slot, session, token, events)
         try:
             moved = (checkpoint, events) if moving else None
-            prepared = await self._prepare(req, body, token, loaded, checkpoint, moved)
+            prepared = await self._prepare(req, body, token, loaded, restore_s, checkpoint, moved)
             return Prepared.of(events, *prepared)
         finally:
             if checkpoint is not None:
@@ -165,6 +157,7 @@ class AsyncPromptCache:
         body: bytes,
         token: CancelToken,
         loaded: bool,
+        restore_s: float,
         checkpoint: Checkpoint | None,
         moved: tuple[Checkpoint | None, list[ChatEvent]] | None = None,
     ) -> tuple[CachePrediction | None, Rendered | None]:
@@ -182,23 +175,25 @@ class AsyncPromptCache:
             restored = 0
             if moving and moved is not None and checkpoint is not None and session is not None:
                 said = moved[1]
-                restored = await self.sessions.restore(slot, session, checkpoint, now, token, said)
+                restored = await self.sessions.restore(
+                    slot, session, checkpoint, now, token, said, restore_s
+                )
             previous = self._memory.turns.get(slot)
             if previous is None or (moving and not self._settings.predict):
                 return None, now
             before = previous.rendered or await self._render(previous.body, token)
             rendering = False
             loss = self._settings.loss_tokens
-            if restored:  # the session's checkpoint, just put back: the slot holds what it covers
-                kept = self._held(before, checkpoint, restored)
+            if restored and checkpoint is not None:  # the session's, just put back
+                kept = held_after_restore(before, checkpoint, restored)
                 return predict(previous, before, req, now, kept, loss, restored=restored), now
             held = slot_held(await self._info.get(SLOTS_PATH, token, quick=True), slot)
             prediction = predict(previous, before, req, now, held, loss)
             if prediction.cause is CacheCause.SLOT_EMPTIED and checkpoint is not None:
                 here = dataclasses.replace(checkpoint, slot=slot)  # a session's: saved elsewhere
-                restored = await self._restore_before(here, now, token) or 0
+                restored = await self._restore_before(here, now, token, restore_s) or 0
                 if restored:
-                    held = self._held(before, checkpoint, restored)
+                    held = held_after_restore(before, checkpoint, restored)
                     prediction = predict(previous, before, req, now, held, loss, restored=restored)
         except InferError as exc:
             token.raise_if_cancelled()
@@ -210,27 +205,20 @@ class AsyncPromptCache:
         log.debug("slot %d: %s", slot, prediction)
         return prediction, now
 
-    @staticmethod
-    def _held(before: Rendered, checkpoint: Checkpoint | None, restored: int) -> int:
-        """What a slot holds of the previous request after `restored` tokens of `checkpoint`
-        went back into it: all, if the checkpoint was taken after that request."""
-        assert checkpoint is not None
-        last = covered(before.tokens) == (checkpoint.prompt_tokens, checkpoint.prompt_sha256)
-        return restored if last else min(restored, checkpoint.prompt_tokens)
-
     def landed(
         self,
         req: ChatRequest,
         body: bytes,
-        prepared: Prepared,
+        rendered: Rendered | None,
+        prediction: CachePrediction | None,
         completion: Completion,
     ) -> None:
         """Remember the completed request (for the slot, and for its session) and log it
         (`app.call_log.log_done`, against the one before it on the slot); check a restore by
         the cache the turn found."""
-        slot, prediction, loss = placed(req), prepared.prediction, self._settings.loss_tokens
+        slot, loss = placed(req), self._settings.loss_tokens
         previous = self._memory.turns.get(slot)
-        turn = self._memory.turns[slot] = SlotTurn.of(req, body, prepared.rendered, completion)
+        turn = self._memory.turns[slot] = SlotTurn.of(req, body, rendered, completion)
         if req.session is not None:
             self._memory.sessions.landed(req.session, turn)
         log_done(slot, completion, None if previous is None else previous.timings, loss)
@@ -253,7 +241,9 @@ class AsyncPromptCache:
             return False
         if self._memory.renders:
             self._memory.renders = False
-            log.warning("cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status)
+            log.warning(
+                "cache prediction off: the server cannot render a prompt (HTTP %d)", exc.status
+            )
         return True
 
     async def _render(self, body: bytes, token: CancelToken, *, quick: bool = True) -> Rendered:
@@ -282,21 +272,30 @@ class AsyncPromptCache:
         previous = self._memory.turns.get(slot)
         if previous is not None and (previous.rendered is not None or self._memory.renders):
             try:  # the prompt it covers, on record; a server that cannot render saves without one
-                rendered = previous.rendered or await self._render(previous.body, token, quick=False)
+                rendered = previous.rendered or await self._render(
+                    previous.body, token, quick=False
+                )
                 self._memory.turns[slot] = dataclasses.replace(previous, rendered=rendered)
                 count, digest = covered(rendered.tokens)
             except InferError as exc:
                 if not self._cannot_render(exc):
                     raise
         try:
-            answer = await self._info.post(slot_action_path(slot, "save"), slot_action_body(name, self._model), token)
+            answer = await self._info.post(
+                slot_action_path(slot, "save"), slot_action_body(name, self._model), token
+            )
         except HttpError as exc:
             if exc.status != SLOT_ACTIONS_UNSUPPORTED:
                 raise
             self._memory.saves = False
-            log.warning("slot checkpoints off: the server keeps none (HTTP 501: started without --slot-save-path)")
+            log.warning(
+                "slot checkpoints off: the server keeps none"
+                " (HTTP 501: started without --slot-save-path)"
+            )
             return None
-        saved, size = parse_slot_action(answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save")
+        saved, size = parse_slot_action(
+            answer, "n_saved", "n_written", f"POST {SLOTS_PATH}/{slot}?action=save"
+        )
         log.debug("slot %d: saved %d tokens (%d bytes)", slot, saved, size)
         template, model, ctx = props.chat_template_sha256, server_model(props), props.n_ctx
         return Checkpoint(slot, name, saved, size, template, model, ctx, count, digest)
@@ -313,13 +312,16 @@ class AsyncPromptCache:
             raise RequestError(f"the checkpoint of slot {slot} was not restored: {refusal}")
         return await self._restore(checkpoint, token)
 
-    async def _restore_before(self, checkpoint: Checkpoint, now: Rendered, token: CancelToken) -> int | None:
+    async def _restore_before(
+        self, checkpoint: Checkpoint, now: Rendered, token: CancelToken, within: float
+    ) -> int | None:
         """The automatic restore into an emptied slot: the tokens restored, or None (a WARNING)."""
         slot = checkpoint.slot
         try:
-            refusal = restore_refusal(checkpoint, await self._info.props(token), now.tokens)
+            props = await self._info.props(token, quick=True)
+            refusal = restore_refusal(checkpoint, props, now.tokens)
             if refusal is None:
-                if restored := await self._restore(checkpoint, token):
+                if restored := await self._restore(checkpoint, token, within=within):
                     return restored
                 refusal = "the server restored 0 tokens"
         except InferError as exc:
@@ -328,11 +330,18 @@ class AsyncPromptCache:
         log.warning("slot %d: emptied, and its checkpoint was not restored: %s", slot, refusal)
         return None
 
-    async def _restore(self, checkpoint: Checkpoint, token: CancelToken) -> int:
-        slot = checkpoint.slot
-        answer = await self._info.post(
-            slot_action_path(slot, "restore"), slot_action_body(checkpoint.filename, self._model), token
+    async def _restore(
+        self,
+        saved: Checkpoint,
+        token: CancelToken,
+        *,
+        within: float | None = None,
+    ) -> int:
+        slot, body = saved.slot, slot_action_body(saved.filename, self._model)
+        path = slot_action_path(slot, "restore")
+        answer = await self._info.post(path, body, token, within=within)
+        restored, _ = parse_slot_action(
+            answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore"
         )
-        restored, _ = parse_slot_action(answer, "n_restored", "n_read", f"POST {SLOTS_PATH}/{slot}?action=restore")
         log.debug("slot %d: restored %d tokens", slot, restored)
         return restored

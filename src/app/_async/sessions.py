@@ -115,15 +115,18 @@ class AsyncSessions:
         now: Rendered,
         token: CancelToken,
         events: list[ChatEvent],
+        within: float,
     ) -> int:
-        """Put `session`'s checkpoint back into `slot` before its request (rendered `now`): the
+        """Put `session`'s checkpoint back into `slot` before its request (rendered `now`),
+        awaiting its answer `within` seconds at most (what the turn's wait has left): the
         tokens restored (0: refused or failed, a WARNING); its last request becomes the slot's."""
         book, started = self._memory.sessions, self._now()
         try:
-            refusal = restore_refusal(checkpoint, await self._info.props(token), now.tokens)
+            props = await self._info.props(token, quick=True)
+            refusal = restore_refusal(checkpoint, props, now.tokens)
             if refusal is None:
                 here = dataclasses.replace(checkpoint, slot=slot)
-                restored = await self._cache._restore(here, token)
+                restored = await self._cache._restore(here, token, within=within)
                 if restored:
                     turn = book.turn(session)
                     if turn is not None:

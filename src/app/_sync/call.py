@@ -1,25 +1,20 @@
 # Generated from src/app/_async/call.py by scripts/unasync.py: do not edit.
-"""What one client asks of llama-server, step by step: a chat from the slot gate to its
-`Completion` (retried or not), and the small calls. The one source of the call: the blocking
-twin (`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
+"""What one client asks of llama-server: a chat from the slot gate to its `Completion` (retried
+or not), and the small calls. The one source of the call: the blocking twin
+(`app/_sync/call.py`) is generated from this file by `scripts/unasync.py`.
 
-A chat (the brief, section 4): gate (Queued) -> cache prediction (CachePrediction, a checkpoint
-restored; a router's model loaded first: Waiting) -> send -> head wait (a probe each poll_ms:
-Waiting) -> the stream, fed to `domain.chat_stream` (liveness, thinking cap) -> Completion
-
-Every rule lives in the domain (`FirstByteWait`, `ChatStream`, `RetryPolicy`, `SlotGate`, ...),
-every byte of llama-server's API in `domain.llama_api`, the I/O behind the ports. Invariants:
-- Every wait has a deadline, so no path can hang: at the gate, `busy_wait_ms`; before the
-  response head, the next poll; from the head on (llama-server sends it only when it starts our
-  request, so it is the brief's "first byte"), the silence the stream allows.
-- Nothing is returned before the final chunk. Every way out closes the stream's connection,
-  stops the generation (a `DELETE`: closing no longer does) and gives the slot back.
+A chat is one loop (`chat`) over the attempt machine (`domain.attempt`): do the action of its
+phase, tell it what happened, go round again. Every decision (what comes next, what a wait has
+left, whether and how to retry) is the machine's, every byte of llama-server's API in
+`domain.llama_api`; this module does the I/O. Invariants:
+- Every wait has a deadline, so no path can hang: the gate's, the head's (the next poll), then
+  the silence the stream allows (the head comes when the server starts our request).
+- Nothing is returned before the final chunk. Every attempt's end closes its connection, stops
+  the generation (a `DELETE`: closing no longer does) and gives the slot back (`_ended`).
 - A retry sends the very same bytes (rendered once per call) back through the slot gate.
-- Every I/O step takes the call's `CancelToken`: the blocking flavour is woken by it in whatever
-  phase it is, and a cancelled call never sends a request or starts a retry.
-- Every request names the model (`?model=` on a GET, `model` in a POST body), for a router;
-  only the chat's own requests may load it.
-- Log lines carry statuses, error types, counts and times, never the server's text (`loggable`).
+- Every I/O step takes the call's `CancelToken`: a cancelled call sends nothing more.
+- Every request names the model, for a router; only the chat's own requests may load it.
+- Log lines never carry the server's text (`loggable`).
 """
 
 from __future__ import annotations
@@ -29,8 +24,9 @@ from collections.abc import Generator, Awaitable, Callable
 from logging import DEBUG
 from typing import TypeVar
 
-from app._sync.fetch import check_stream_head, named_cut, post_control, stop
-from app._sync.flight import Flight, Refused
+from app._sync.fetch import Refused, check_stream_head, named_cut, post_control, reattach, stop
+from app._sync.flight import Chat
+from app._sync.gate_wait import holding, queued
 from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
 from app.call_log import log_resent_at_once, log_retry
@@ -39,34 +35,27 @@ from app.conversation_ids import ConversationIds
 from app.event_stream import Step
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
-from domain.attempt import Input, Phase
+from domain.attempt import Action, AttemptMachine, Input, Phase
 from domain.cancel import CancelToken
 from domain.chat_stream import ChatStream, PostReasoningEnd, prompt_token_bound
 from domain.completion import Completion
 from domain.errors import ConnectError, InferError, Stalled, StreamClosedEarly
-from domain.events import Queued, Retrying, Waiting
-from domain.gate import Ticket
+from domain.events import Retrying
 from domain.limits import ClientLimits
-from domain.llama_api import (
-    CHAT_PATH,
-    CONVERSATION_HEADER,
-    REATTACH_REFUSED,
-    STREAM_PATH,
-    reattach_later,
-    reattach_path,
-    stop_path,
-)
+from domain.llama_api import CHAT_PATH, CONVERSATION_HEADER, stop_path
 from domain.messages import ChatRequest
-from domain.prompt_cache import CacheSettings, Checkpoint
+from domain.prompt_cache import CacheSettings
 from domain.request import RequestSettings, build_control_body, effective_max_tokens
 from domain.retry import Attempts, RetryPolicy
-from domain.sessions import placed
-from domain.waiting import FirstByteWait, gate_timeout
+from domain.sessions import placed, session_of
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
-from ports.transport import Exchange, Transport, TimedOut
+from ports.transport import Transport, TimedOut
 
 T = TypeVar("T")
+_Steps = Generator[Step, None, None]
+_Act = Callable[[Chat], _Steps]  # an action of the chat's loop that emits events as they come
+_Work = Callable[[int, CancelToken], T]  # a save or a restore, the slot held
 
 __all__ = ["LlamaCalls"]
 
@@ -107,244 +96,242 @@ class LlamaCalls:
             total_slots=total_slots,
             n_ctx=n_ctx,
         )
-        self.cache = PromptCache(info=self.info, settings=cache, model=request_settings.model, memory=memory)
+        model = request_settings.model
+        self.cache = PromptCache(info=self.info, settings=cache, model=model, memory=memory)
         self.cache.sessions.busy = queue.busy  # sessions go to slots nobody holds or waits for
+        self._acts: dict[Action, _Act] = {
+            Action.ENTER: self._enter,
+            Action.PREPARE: self._prepare,
+            Action.LOAD: self._load,
+            Action.POLL: self._poll,
+            Action.READ: self._read,
+            Action.REATTACH: self._reattach,
+        }
 
-    # -- a chat -------------------------------------------------------------------------------
-
-    def attempts(self) -> Attempts:  # those of a call starting now
-        return Attempts(self._retry, self._clock.now())
-
-    def sends_at_once(self, slot: int) -> bool:
-        """Whether a chat on `slot` sends at once (the slot free here, no prediction first): only
-        then is a connection made ahead for it, never held through a wait nor spent for nothing."""
-        return not self._queue.busy(slot) and not self.cache.wanted(slot)
-
-    def attempt(
-        self, req: ChatRequest, body: bytes, token: CancelToken, flight: Flight
-    ) -> Generator[Step, None, None]:
-        """One attempt through the slot gate (queued, emitting `Queued`, at most `busy_wait_ms`):
-        the request, its head (with its polls), then the stream to its `Completion`. A stream cut
-        or stalled after its head is re-attached (`_take_off`) and fed on into the same
-        `ChatStream`, the slot held; every end but the `Completion` stops the generation."""
-        slot, clock, machine = placed(req), self._clock, flight.machine
-        ticket = self._queue.enter(slot)
+    def chat(self, req: ChatRequest, token: CancelToken, *, retry: bool) -> _Steps:
+        """The steps of one chat, its events then its `Completion`: the machine's action done,
+        round after round, until it is DONE; a failure handed to the machine, which decides
+        (a re-send after a `Retrying`, a load, or the error raised; re-sends only if `retry`)."""
+        session_of(req)  # RequestError: neither slot nor session, or both
+        attempts = Attempts(self._retry, self._clock.now())
+        slot = req.slot if req.slot is not None else 0  # a session's: placed at its first turn
+        c = Chat(req, token, AttemptMachine(attempts, self._limits, slot, resend=retry))
         try:
-            if ticket.ahead:
-                flight.close()  # not held through a wait at the gate
-                since = clock.now()
-                for queued in self._queued(ticket, slot, token):
-                    yield queued
-                flight.queued_s = clock.now() - since  # the slot was busy: charged to busy_wait_ms
-            machine.happened(Input.SLOT_FREE)
-            prepared = self.cache.before(req, body, token, loaded=flight.loaded)
-            machine.happened(Input.PREPARED)
-            for event in prepared.events:  # a session's move, save and restore; the prediction
-                yield event
-            while True:
-                for event in self._take_off(req, body, flight, token):
-                    yield event
-                exchange, stream = flight.flying()
-                read = exchange.read
-                now = clock.now
-                consumed = flight.consumed
-                cut = None
-                while cut is None:  # the stream, read by read: the hot path
-                    try:
-                        data = read(stream.timeout(now()))
-                        if isinstance(data, TimedOut):
-                            stream.silence(now())
-                            continue
-                    except (StreamClosedEarly, Stalled) as broke:
-                        flight.consumed = consumed
-                        cut = broke
-                        break
-                    consumed += len(data)
-                    for step in stream.feed(data, now()):
-                        if isinstance(step, PostReasoningEnd):
-                            refusal = self._post_reasoning_end(step.completion_id, token)
-                            log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
-                            yield stream.control_answered(refusal)
-                        elif isinstance(step, InferError):
-                            if not isinstance(step, Stalled):  # an end without the final chunk: an unload?
-                                raise self._named(step, token) if isinstance(step, StreamClosedEarly) else step
-                            flight.consumed, cut = consumed, step  # late bytes past the limit: a stall
-                        elif isinstance(step, Completion):
-                            machine.happened(Input.COMPLETED)
-                            flight.landed()
-                            self.cache.landed(req, body, prepared, step)
+            while (action := c.machine.action) is not Action.DONE:
+                try:
+                    if action is Action.SEND:
+                        self._send(c)
+                    elif action is Action.SLEEP:
+                        self._sleep(c)
+                    else:
+                        for step in self._acts[action](c):
                             yield step
-                            return
-                        else:
-                            if flight.first:
-                                flight.first_token(step, now())
-                            yield step
-                for retrying in self._after_cut(slot, flight, cut, token):
-                    yield retrying
-        finally:
-            flight.close()
-            if flight.sent and machine.phase is not Phase.DONE:  # the slot holds what we know not
-                self.cache.forget(slot)
-            try:  # the slot is given back however the stop ends; a cancel does not cut the stop
-                if flight.generating is not None:
-                    Uncut.run(self._stop, flight.generating)
-            finally:
-                self._queue.leave(ticket)
-
-    def _take_off(
-        self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
-    ) -> Generator[Waiting | Retrying, None, None]:
-        """Until the flight has a connection to read: the request under a new id, its head
-        awaited with a `/slots` poll each `poll_ms` (`Waiting`), or a re-attach; a break after
-        the head a `Retrying` and its wait (before it, raised: the call re-sends). A refused
-        re-attach re-sends at once, if the call may."""
-        slot, now, machine = placed(req), self._clock.now, flight.machine
-        while True:
-            try:
-                if flight.stream is None:  # a request, under a new id (one frame: no generator of its own)
-                    conversation, exchange, stream, wait = self._open(req, body, flight, token)
-                    try:
-                        while isinstance(head := exchange.head(wait.timeout(now())), TimedOut):
-                            decision = wait.on_poll(now(), self.probe.state(slot, token))
-                            token.raise_if_cancelled()
-                            machine.happened(Input.POLLED)
-                            yield decision.event
-                            if decision.error is not None:
-                                raise decision.error
-                        if log.isEnabledFor(DEBUG):  # (its figures cost calls on the way to the first token)
-                            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, wait.age_ms(now()))
-                        if head.status != 200:
-                            flight.generating = None  # an error answer: nothing runs
-                        check_stream_head(exchange, head, self._clock, self._limits)
-                    except BaseException:
-                        exchange.close()
+                except InferError as error:
+                    if token.cancelled:
                         raise
-                    stream.resumed(started := now())
-                    flight.take_off(conversation, exchange, stream, started)
-                    machine.happened(Input.HEAD)
-                elif flight.exchange is None:  # a re-attach, from the bytes consumed
-                    self._reattach(flight, token)
-                return
-            except (StreamClosedEarly, Stalled, ConnectError) as broke:
-                if flight.stream is None:
-                    raise  # before the head: nothing to pick up (the call re-sends, if it may)
-                for retrying in self._after_cut(slot, flight, broke, token):
-                    yield retrying
-            except Refused:
-                machine.name_cut(cut := self._named(machine.refused_cut(), token))
-                flight.forget_stream()
-                event = machine.refused()  # the cut raised, if the call may not re-send
-                if flight.generating is not None:  # a lost offset: it may still be running
-                    self._stop(flight.generating)
-                log_resent_at_once(slot, event.attempt, cut)
+                    now = self._clock.now()
+                    taken = c.machine.failed(error, now)  # raised, if not retried
+                    self._ended(c)
+                    if taken is not None:  # (None: a router loads the model first)
+                        yield log_retry(c.machine.slot, c.machine.attempts, taken, now)
+        finally:
+            try:
+                self._ended(c)
+            finally:
+                if c.req.session is not None and c.req.slot is not None:
+                    self.cache.sessions.release(c.req.slot)  # the session's claim on its slot
+
+    def _enter(self, c: Chat) -> _Steps:
+        """QUEUED: the body rendered (once per call: a request refused connects nothing), then
+        the slot taken at the gate, a `Queued` each time the call moves up."""
+        now, flight = self._clock.now, c.flight
+        if not c.body:
+            if c.req.slot is None and c.req.session is not None:  # placed once per call
+                c.req = self.cache.sessions.place(c.req, c.req.session, c.token)
+                c.machine.slot = placed(c.req)
+            c.body = self.info.render(c.req, c.token)
+            # A chat that sends at once (the slot free, no prediction first) connects ahead: the
+            # proxy's accept runs while it sets out; never held through a wait nor made for nothing.
+            slot = c.machine.slot
+            if not self._queue.busy(slot) and not self.cache.wanted(slot, c.req.session):
+                flight.link = self.info.link_ahead(c.token)
+        slot = c.machine.slot
+        ticket = flight.ticket = self._queue.enter(slot)
+        since = queued_s = now()
+        if ticket.ahead:
+            flight.close()  # not held through a wait at the gate
+            busy_wait_s = self._limits.busy_wait_s
+            for event in queued(self._queue, self._clock, busy_wait_s, ticket, slot, c.token):
                 yield event
+            queued_s = now()  # the slot was busy: charged to busy_wait_ms
+        c.machine.slot_free(queued_s - since, queued_s)
 
-    def _after_cut(
-        self, slot: int, flight: Flight, broke: InferError, token: CancelToken
-    ) -> Generator[Retrying, None, None]:
-        """A break after the head (a cut, a stall, a failed re-attach): a `Retrying`, its wait,
-        then a re-attach; or raised, when the retry policy allows no more."""
-        token.raise_if_cancelled()  # a cancel's own shutdown of the connection: no break, the call ends
-        flight.close()
-        machine, now = flight.machine, self._clock.now()
-        taken = machine.cut_at(broke, now, flight.consumed)
-        yield log_retry(slot, machine.attempts, taken, now, offset=flight.consumed)
-        self._clock.sleep(taken.after_s, token)
-        token.raise_if_cancelled()
-        machine.happened(taken.then)
+    def _prepare(self, c: Chat) -> _Steps:
+        """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
+        loaded = c.machine.charged.loaded  # a second refusal skips the prediction
+        left_s = c.machine.preparing_left_s(self._clock.now())
+        ahead = self.cache.before(c.req, c.body, c.token, loaded=loaded, restore_s=left_s)
+        c.prediction, c.rendered = ahead.prediction, ahead.rendered
+        c.machine.happened(Input.PREPARED)
+        for event in ahead.events:  # a session's move, save and restore; the prediction
+            yield event
 
-    def _open(
-        self, req: ChatRequest, body: bytes, flight: Flight, token: CancelToken
-    ) -> tuple[str, Exchange, ChatStream, FirstByteWait]:
-        """The request sent under a new id; its `ChatStream` and the wait for its head, made while it flies."""
+    def _load(self, c: Chat) -> _Steps:
+        """LOADING: a router loads the model (as the chat would), `Waiting` each poll."""
+        for waiting in self.info.load(self.probe, c.machine, c.token):
+            yield waiting
+        c.machine.loaded()
+
+    def _send(self, c: Chat) -> None:
+        """SENDING: the request under a new id; its `ChatStream` made while it flies."""
+        req, flight, token = c.req, c.flight, c.token
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
-        limits, conversation, slot = self._limits, self._ids.take(), placed(req)
+        limits, conversation, body = self._limits, self._ids.take(), c.body
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
             "POST", CHAT_PATH, body, timeout=limits.poll_s, cancel=token, headers=headers, link=link
         )
-        flight.generating = conversation  # sent: the server may be generating for it from now on
-        flight.sent = True
-        flight.machine.happened(Input.SENT)
-        try:
-            self._ids.refill()  # the next request's id, made while this one's answer is awaited
-            sent = self._clock.now()
-            max_tokens = effective_max_tokens(req, self._settings)
-            prompt = prompt_token_bound(len(body), self.info.n_ctx)
-            budget = req.thinking and self._settings.thinking_budget is not None
-            stream = ChatStream(limits.stream, max_tokens, sent, max_prompt_tokens=prompt, budget_sent=budget)
-            wait = limits.first_byte_wait(sent, slot, flight.take_queued(), flight.take_charged())
-            return conversation, exchange, stream, wait
-        except BaseException:
-            exchange.close()
-            raise
+        flight.exchange = exchange  # closed however the attempt ends
+        self._ids.refill()  # the next request's id, made while this one's answer is awaited
+        sent = self._clock.now()
+        cap = effective_max_tokens(req, self._settings)
+        prompt = prompt_token_bound(len(body), self.info.n_ctx)
+        budget = req.thinking and self._settings.thinking_budget is not None
+        stream = ChatStream(limits.stream, cap, sent, max_prompt_tokens=prompt, budget_sent=budget)
+        flight.sending(conversation, exchange, stream)
+        c.machine.sent(sent)
 
-    def _reattach(self, flight: Flight, token: CancelToken) -> None:
-        """The rest of the body from the bytes consumed, on a new connection; `Refused`: 404, 400."""
-        assert flight.conversation is not None and flight.stream is not None
-        offset, tail = flight.stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
-        wait, path = self._limits.reattach_wait_s, reattach_path(flight.conversation, offset)
-        exchange = self._transport.open("GET", path, None, timeout=wait, cancel=token)
-        try:
-            head = exchange.head(wait)
-            if isinstance(head, TimedOut):
-                raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {wait * 1000:.0f} ms")
-            log.debug("re-attach from body byte %d: response head %d", offset, head.status)
-            if head.status in REATTACH_REFUSED:
-                raise Refused(head.status)
-            if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
-                raise later
-            check_stream_head(exchange, head, self._clock, self._limits)
-        except BaseException:
-            exchange.close()
-            raise
-        flight.picked_up(exchange, offset)
-        flight.machine.happened(Input.PICKED_UP)
-        flight.stream.resumed(self._clock.now(), tail)
+    def _poll(self, c: Chat) -> _Steps:
+        """AWAITING_HEAD: the head, read until the next poll is due; none: the slot probed
+        (`Waiting`), the wait's error raised after it. A head: the stream checked and started."""
+        exchange, stream = c.flight.flying()
+        now, wait, slot = self._clock.now, c.machine.wait, c.machine.slot
+        assert wait is not None
+        head = exchange.head(wait.timeout(now()))
+        if isinstance(head, TimedOut):
+            decision = c.machine.polled(now(), self.probe.state(slot, c.token))
+            c.token.raise_if_cancelled()
+            yield decision.event
+            if decision.error is not None:
+                raise decision.error
+            return
+        if log.isEnabledFor(DEBUG):  # (its figures cost calls on the way to the first token)
+            age_ms = wait.age_ms(now())
+            log.debug("slot %d: response head %d after %.0f ms", slot, head.status, age_ms)
+        if head.status != 200:
+            c.flight.generating = None  # an error answer: nothing runs
+        check_stream_head(exchange, head, self._clock, self._limits)
+        stream.resumed(started := now())
+        c.flight.take_off(started)
+        c.machine.happened(Input.HEAD)
 
-    def _named(self, cut: InferError, token: CancelToken) -> InferError:
-        """A cut the server cannot mend, named for an unload when a router says so (`named_cut`)."""
-        return named_cut(self._transport, self._clock, self._limits.control(), self._settings.model, cut, token)
+    def _read(self, c: Chat) -> _Steps:
+        """STREAMING: the stream, read by read (the hot path), fed to its `ChatStream`, every
+        step emitted; the `Completion` ends it, a cut or a stall hands it to the machine."""
+        flight = c.flight
+        exchange, stream = flight.flying()
+        read, now, consumed = exchange.read, self._clock.now, flight.consumed
+        while True:
+            try:
+                data = read(stream.timeout(now()))
+                if isinstance(data, TimedOut):
+                    stream.silence(now())
+                    continue
+            except (StreamClosedEarly, Stalled) as broke:
+                flight.consumed = consumed
+                yield self._cut(c, broke)
+                return
+            consumed += len(data)
+            for step in stream.feed(data, now()):
+                if isinstance(step, PostReasoningEnd):
+                    yield stream.control_answered(self._reasoning_end(step, c.token))
+                elif isinstance(step, InferError):
+                    if isinstance(step, StreamClosedEarly):  # an end without the final chunk
+                        raise self._named(step, c.token)  # an unload?
+                    if not isinstance(step, Stalled):
+                        raise step
+                    flight.consumed = consumed  # late bytes past the limit: a stall
+                    yield self._cut(c, step)
+                    return
+                elif isinstance(step, Completion):
+                    c.machine.happened(Input.COMPLETED)
+                    flight.generating = None  # nothing to stop
+                    self.cache.landed(c.req, c.body, c.rendered, c.prediction, step)
+                    yield step
+                    return
+                else:
+                    if flight.first:
+                        flight.first_token(step, now())
+                    yield step
+
+    def _cut(self, c: Chat, broke: InferError) -> Retrying:
+        """A break after the head (a cut, a stall, a failed re-attach): the machine's `Retrying`
+        before a re-attach, or raised when the retry policy allows no more."""
+        c.token.raise_if_cancelled()  # a cancel's own shutdown of the connection: the call ends
+        c.flight.close()
+        now, offset = self._clock.now(), c.flight.consumed
+        taken = c.machine.cut_at(broke, now, offset)
+        return log_retry(c.machine.slot, c.machine.attempts, taken, now, offset=offset)
+
+    def _sleep(self, c: Chat) -> None:
+        """BACKING_OFF: the retry's wait, then what the machine decided (re-attach, re-send)."""
+        assert c.machine.pending is not None
+        self._clock.sleep(c.machine.pending.after_s, c.token)
+        c.token.raise_if_cancelled()
+        c.machine.slept()
+
+    def _reattach(self, c: Chat) -> _Steps:
+        """REATTACHING: the rest of the body from the bytes consumed, on a new connection; a
+        break a `Retrying` (the machine's), a refusal (404, 400) a re-send at once, if allowed."""
+        flight, machine = c.flight, c.machine
+        try:
+            reattach(self._transport, self._clock, self._limits, flight, c.token)
+            machine.happened(Input.PICKED_UP)
+        except (StreamClosedEarly, Stalled, ConnectError) as broke:
+            yield self._cut(c, broke)
+        except Refused:
+            machine.name_cut(cut := self._named(machine.refused_cut(), c.token))
+            flight.forget_stream()
+            event = machine.refused()  # the cut raised, if the call may not re-send
+            if flight.generating is not None:  # a lost offset: it may still be running
+                self._stop(flight.generating)
+            log_resent_at_once(c.machine.slot, event.attempt, cut)
+            yield event
+
+    def _ended(self, c: Chat) -> None:
+        """The attempt's end, however it ends: its connections closed, what the slot holds
+        forgotten unless it completed, its generation stopped, the slot given back."""
+        flight = c.flight
+        flight.close()
+        if flight.sent and c.machine.phase is not Phase.DONE:  # the slot holds what we know not
+            self.cache.forget(c.machine.slot)
+        try:  # the slot is given back however the stop ends; a cancel does not cut the stop
+            if flight.generating is not None:
+                Uncut.run(self._stop, flight.generating)
+        finally:
+            if flight.ticket is not None:
+                self._queue.leave(flight.ticket)
+            flight.ended()
 
     def _stop(self, conversation: str) -> None:
         """Stop the generation of `conversation` (closing its connection no longer does): a
-        `DELETE` on a connection of its own, within `STOP_WAIT_S` (one for all those a close
-        makes one after another), whatever the call's state."""
+        `DELETE` within `STOP_WAIT_S` (`app._sync.fetch.stop`), whatever the call's state."""
         stop(self._transport, self._clock, stop_path(conversation), self._limits)
 
-    def _queued(self, ticket: Ticket, slot: int, token: CancelToken) -> Generator[Queued, None, None]:
-        """Wait at the gate for the slot, a `Queued` each time it moves up; `WaitTimeout` past `busy_wait_ms`."""
-        queue, ahead = self._queue, ticket.ahead
-        deadline = self._clock.now() + self._limits.busy_wait_s
-        while ahead:
-            log.debug("slot %d: queued, %d ahead", slot, ahead)
-            yield Queued(ahead)
-            moved = queue.wait(ticket, token, deadline)
-            if isinstance(moved, TimedOut):
-                raise gate_timeout(slot, self._limits.busy_wait_s)
-            ahead = moved
-
-    def _post_reasoning_end(self, completion_id: str, token: CancelToken) -> str | None:
+    def _reasoning_end(self, step: PostReasoningEnd, token: CancelToken) -> str | None:
         """End the thinking block on a second connection: None if accepted, else why not."""
-        body = build_control_body(completion_id, self._settings.model)
-        return post_control(self._transport, self._clock, body, self._limits.control(), token)
+        body = build_control_body(step.completion_id, self._settings.model)
+        limits = self._limits.control()
+        refusal = post_control(self._transport, self._clock, body, limits, token)
+        log.debug("reasoning_end posted: %s", "accepted" if refusal is None else "refused")
+        return refusal
 
-    # -- slot checkpoints ---------------------------------------------------------------------
+    def _named(self, cut: InferError, token: CancelToken) -> InferError:
+        """A cut the server cannot mend, named for an unload when a router says so (`named_cut`)."""
+        limits, model = self._limits.control(), self._settings.model
+        return named_cut(self._transport, self._clock, limits, model, cut, token)
 
-    def save_slot(self, slot: int, token: CancelToken) -> Checkpoint | None:
-        """Save slot `slot`'s KV cache, the slot held at the gate (`PromptCache.save`)."""
-        return self._holding(slot, token, self.cache.save)
-
-    def restore_slot(self, slot: int, token: CancelToken) -> int:
-        """Restore slot `slot`'s checkpoint, the slot held at the gate (`PromptCache.restore`)."""
-        return self._holding(slot, token, self.cache.restore)
-
-    def _holding(self, slot: int, token: CancelToken, work: Callable[[int, CancelToken], T]) -> T:
-        ticket = self._queue.enter(self.info.check_slot(slot, token))
-        try:
-            for _ in self._queued(ticket, slot, token):
-                pass
-            token.raise_if_cancelled()
-            return work(slot, token)
-        finally:
-            self._queue.leave(ticket)
+    def holding(self, slot: int, token: CancelToken, work: _Work[T]) -> T:
+        """`work` on `slot` (a save, a restore: `PromptCache`), the slot held at the gate."""
+        slot = self.info.check_slot(slot, token)
+        return holding(self._queue, self._clock, self._limits.busy_wait_s, slot, token, work)

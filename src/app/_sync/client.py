@@ -29,17 +29,14 @@ from collections.abc import Generator, Callable
 from types import TracebackType
 
 from app._sync.call import LlamaCalls
-from app._sync.flight import Flight
-from app.call_log import log_retry
 from app.calls import CLOSE_WAIT_S, Calls, Inner
 from app.event_stream import EventStream, Step, check_sink
 from app.slot_memory import SlotMemory
 from app.slot_queue import SlotQueue
-from domain.attempt import AttemptMachine, Input
 from domain.cache import CACHE_LOSS_TOKENS
 from domain.cancel import CancelToken
 from domain.completion import Completion
-from domain.errors import InferError, ModelNotLoaded
+from domain.errors import InferError
 from domain.events import ChatEvent
 from domain.gate import SlotGate
 from domain.limits import ClientLimits
@@ -48,8 +45,7 @@ from domain.messages import ChatRequest
 from domain.prompt_cache import CacheSettings, Checkpoint
 from domain.request import RequestSettings
 from domain.retry import RetryPolicy
-from domain.sessions import placed, session_of
-from domain.waiting import Charged
+from domain.sessions import session_of
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
 from ports.transport import Transport
@@ -134,10 +130,13 @@ class Client:
             return stream.run(sink)
 
     def stream(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
-        """`chat` as an iterator of events: `with client.stream(req) as s: for e in s: ...`."""
+        """`chat` as an iterator of events:
+        `with client.stream(req) as s: for e in s: ...`."""
         return EventStream(lambda token: self._steps(req, token, cancel, retry=False))
 
-    def stream_with_retry(self, req: ChatRequest, cancel: CancelToken | None = None) -> EventStream:
+    def stream_with_retry(
+        self, req: ChatRequest, cancel: CancelToken | None = None
+    ) -> EventStream:
         """`chat_with_retry` as an iterator of events."""
         return EventStream(lambda token: self._steps(req, token, cancel, retry=True))
 
@@ -150,57 +149,19 @@ class Client:
         unclosed). Learning the slot count from `/props` (when the config does not give it) is
         part of the first attempt, so a server down or loading at that moment is retried too."""
         self._calls.begin(token, cancel)  # ClientClosed: nothing is sent
-        llama = self._llama
-        session: str | None = None
         try:
             token.raise_if_cancelled()  # a token cancelled before the call: nothing is sent
-            session = session_of(req)  # RequestError: neither slot nor session, or both
-            machine = AttemptMachine(llama.attempts(), resend=retry)
-            body: bytes | None = None
-            charged = Charged()
-            while True:
-                link = None
-                try:
-                    if body is None:
-                        if session is not None and req.slot is None:  # placed once per call
-                            req = llama.cache.sessions.place(req, session, token)
-                        body = llama.info.render(req, token)  # a request refused connects nothing
-                        if llama.sends_at_once(placed(req)):  # accepted while the call sets out
-                            link = llama.info.link_ahead(token)
-                    flight = Flight(machine, link, charged)  # `link`: a connection made ahead, used if nothing waits
-                    steps = llama.attempt(req, body, token, flight)
-                    try:
-                        for step in steps:
-                            yield step
-                    finally:
-                        Inner.close(steps)
-                    return
-                except ModelNotLoaded as error:  # a router asked without loading (the slot count, the prediction)
-                    if charged.loaded:
-                        machine.give_up(error)  # evicted again at once: not waited for twice
-                    machine.happened(Input.MODEL_NOT_LOADED)
-                    for waiting in llama.info.load(llama.probe, _slot(req), token, charged):
-                        yield waiting  # loaded for this chat, which would load it anyway
-                    machine.happened(Input.LOADED)
-                except InferError as error:
-                    if token.cancelled:
-                        raise
-                    now = self._clock.now()
-                    taken = machine.failed(error, now)  # raised, if not retried
-                    yield log_retry(_slot(req), machine.attempts, taken, now)
-                    self._clock.sleep(taken.after_s, token)
-                    token.raise_if_cancelled()
-                    machine.happened(taken.then)
-                finally:
-                    if link is not None:
-                        link.close()  # never sent on; once it was, its exchange has closed it already
+            steps = self._llama.chat(req, token, retry=retry)
+            try:
+                for step in steps:
+                    yield step
+            finally:
+                Inner.close(steps)
         except InferError as exc:
             if token.cancelled:  # the cancel broke the I/O: say why
                 raise token.error() from exc
             raise
         finally:
-            if session is not None and req.slot is not None:
-                llama.cache.sessions.release(req.slot)
             self._calls.end(token)
 
     # -- the small calls ----------------------------------------------------------------------
@@ -208,7 +169,7 @@ class Client:
     def render(self, req: ChatRequest, cancel: CancelToken | None = None) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic)."""
         with self._calls.scope(cancel) as token:
-            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call does
+            token.raise_if_cancelled()  # a token cancelled before the call: it ends as every call
             session_of(req)  # RequestError: neither slot nor session, or both
             return self._llama.info.render(req, token)
 
@@ -236,14 +197,14 @@ class Client:
         the slot emptied (a server restart) restores it by itself. None when the server keeps no
         checkpoints (started without `--slot-save-path`: one WARNING, then never asked again)."""
         with self._calls.scope(cancel) as token:
-            return self._llama.save_slot(slot, token)
+            return self._llama.holding(slot, token, self._llama.cache.save)
 
     def restore_slot(self, slot: int, cancel: CancelToken | None = None) -> int:
         """Put slot `slot`'s last checkpoint back into it; the tokens restored. `RequestError`
         when it has none, or when the server's template, model or slot context is not the one it
         was saved under."""
         with self._calls.scope(cancel) as token:
-            return self._llama.restore_slot(slot, token)
+            return self._llama.holding(slot, token, self._llama.cache.restore)
 
     # -- closing ------------------------------------------------------------------------------
 
@@ -264,18 +225,16 @@ class Client:
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
     ) -> None:
         self.close()
 
 
 def _ignore(event: object) -> None:
     """The events of a call that asked for none."""
-
-
-def _slot(req: ChatRequest) -> int:
-    """The request's slot; 0 for a session's before its call places it (a load, a retry's log)."""
-    return req.slot if req.slot is not None else 0
 
 
 def _sink(on_event: EventSink | None) -> EventSink:

@@ -8,6 +8,8 @@ then the body (or an error body) within `body_wait_s` more, in all, however it t
 `HttpError(status, body)` with as much of the body as came within the deadline, up to
 `error_body_bytes`. The connection is always closed before returning or raising.
 
+`reattach` asks for the rest of a chat's stream (`GET /v1/stream`) on a connection of its own.
+
 `HttpSlotProbe` is the `SlotProbe` port over any transport: `GET /slots` on a
 connection of its own under `ClientLimits.probe()`. A server that took the connection and then
 sent no whole answer within those limits (`Stalled`: no head, or a body that stopped) is
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
+from app._sync.flight import Flight
 from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
 from domain.cancel import CancelToken
@@ -30,9 +33,13 @@ from domain.limits import ClientLimits
 from domain.llama_api import (
     CONTROL_PATH,
     MODELS_PATH,
+    REATTACH_REFUSED,
     SLOTS_PATH,
+    STREAM_PATH,
     control_refusal,
     not_a_stream,
+    reattach_later,
+    reattach_path,
     slot_state,
     with_model,
 )
@@ -41,7 +48,17 @@ from ports.clock import Clock
 from ports.slot_probe import SlotState
 from ports.transport import Exchange, Transport, CancelSignal, ResponseHead, TimedOut
 
-__all__ = ["HttpSlotProbe", "check_stream_head", "error_body", "fetch", "read_all", "refuse", "stop"]
+__all__ = [
+    "HttpSlotProbe",
+    "Refused",
+    "check_stream_head",
+    "error_body",
+    "fetch",
+    "read_all",
+    "reattach",
+    "refuse",
+    "stop",
+]
 
 # How often, and how far apart, a cut on a router asks `/models` whether the model is still loaded.
 _UNLOAD_LOOKS, _UNLOAD_LOOK_S = 4, 0.1
@@ -73,10 +90,13 @@ def fetch(
         exchange.close()
 
 
-def stop(transport: Transport, clock: Clock, path: str, limits: ClientLimits) -> None:
+def stop(
+    transport: Transport, clock: Clock, path: str, limits: ClientLimits
+) -> None:
     """`DELETE path` within `limits.stop_wait_s` in all (of what a close under way left the stops
     it makes one after another, if it is one of them): connected, written, and its answer's head
-    awaited for what is left (its body is not read); a failure or a refusal is logged, never raised."""
+    awaited for what is left (its body is not read); a failure or a refusal is logged, never
+    raised."""
     budget, started = CLOSING.get(), clock.now()
     wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
     try:
@@ -104,7 +124,12 @@ def _stop(transport: Transport, clock: Clock, path: str, wait_s: float) -> None:
 
 
 def named_cut(
-    transport: Transport, clock: Clock, limits: FetchLimits, model: str, cut: InferError, token: CancelToken
+    transport: Transport,
+    clock: Clock,
+    limits: FetchLimits,
+    model: str,
+    cut: InferError,
+    token: CancelToken,
 ) -> InferError:
     """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
     named for an unload when a router's `/models` says the model is gone (`unloaded_cut`); as
@@ -115,7 +140,9 @@ def named_cut(
         if look:
             clock.sleep(_UNLOAD_LOOK_S, token)
         try:
-            status = model_status(fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model)
+            status = model_status(
+                fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model
+            )
         except InferError:
             token.raise_if_cancelled()
             return cut
@@ -125,21 +152,70 @@ def named_cut(
 
 
 def post_control(
-    transport: Transport, clock: Clock, body: bytes, limits: FetchLimits, token: CancelToken
+    transport: Transport,
+    clock: Clock,
+    body: bytes,
+    limits: FetchLimits,
+    token: CancelToken,
 ) -> str | None:
     """POST the `reasoning_end` control call on a connection of its own: None on
     `{"success": true}`, else why not (a refusal or a failure, in words)."""
     try:
-        return control_refusal(fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token))
+        return control_refusal(
+            fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token)
+        )
     except InferError as exc:
         token.raise_if_cancelled()
         return f"{type(exc).__name__}: {exc}"
 
 
+def reattach(
+    transport: Transport,
+    clock: Clock,
+    limits: ClientLimits,
+    flight: Flight,
+    token: CancelToken,
+) -> None:
+    """The rest of the flight's body from the bytes it consumed (a little before: read again,
+    and checked), on a new connection the flight reads on. `Refused`: 404, 400; a break
+    (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
+    stream, conversation = flight.stream, flight.conversation
+    assert stream is not None and conversation is not None
+    offset, tail = stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
+    wait, path = limits.reattach_wait_s, reattach_path(conversation, offset)
+    exchange = transport.open("GET", path, None, timeout=wait, cancel=token)
+    try:
+        head = exchange.head(wait)
+        if isinstance(head, TimedOut):
+            ms = wait * 1000
+            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {ms:.0f} ms")
+        client_log.debug("re-attach from body byte %d: response head %d", offset, head.status)
+        if head.status in REATTACH_REFUSED:
+            raise Refused(head.status)
+        if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
+            raise later
+        check_stream_head(exchange, head, clock, limits)
+    except BaseException:
+        exchange.close()
+        raise
+    flight.picked_up(exchange, offset)
+    stream.resumed(clock.now(), tail)
+
+
+class Refused(Exception):
+    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
+    400: the offset left its ring). Never leaves the chat's driver (`app._sync.call`)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"re-attach refused with HTTP {status}")
+        self.status = status
+
+
 def check_stream_head(
     exchange: Exchange, head: ResponseHead, clock: Clock, limits: ClientLimits
 ) -> None:
-    """A head that starts no event stream: `HttpError` with its body, or the whole answer's `ProtocolError`."""
+    """A head that starts no event stream: `HttpError` with its body, or the whole answer's
+    `ProtocolError`."""
     if head.status != 200:
         refuse(exchange, head, clock, limits)
     refused = not_a_stream(head, exchange.what)
@@ -147,9 +223,14 @@ def check_stream_head(
         raise refused
 
 
-def refuse(exchange: Exchange, head: ResponseHead, clock: Clock, limits: ClientLimits) -> NoReturn:
-    """Raise the error a head that is not 200 says, with its body as far as it came within the liveness limit."""
-    kept = error_body(exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes)
+def refuse(
+    exchange: Exchange, head: ResponseHead, clock: Clock, limits: ClientLimits
+) -> NoReturn:
+    """Raise the error a head that is not 200 says, with its body as far as it came within the
+    liveness limit."""
+    kept = error_body(
+        exchange, clock, clock.now() + limits.liveness_s, limits.error_body_bytes
+    )
     raise http_error(head.status, kept, limits.error_body_bytes)
 
 
@@ -164,7 +245,9 @@ def read_all(exchange: Exchange, clock: Clock, limit: int, timeout: float) -> by
     return body.data()
 
 
-def error_body(exchange: Exchange, clock: Clock, deadline: float, limit: int) -> bytes:
+def error_body(
+    exchange: Exchange, clock: Clock, deadline: float, limit: int
+) -> bytes:
     """Up to `limit` bytes of an error answer's body, as far as it came by `deadline`."""
     body = ErrorBody(limit, deadline)
     try:
@@ -186,7 +269,11 @@ class HttpSlotProbe:
     __slots__ = ("_clock", "_limits", "_model", "_path", "_transport")
 
     def __init__(
-        self, transport: Transport, clock: Clock, limits: FetchLimits, model: str | None = None
+        self,
+        transport: Transport,
+        clock: Clock,
+        limits: FetchLimits,
+        model: str | None = None,
     ) -> None:
         self._transport = transport
         self._clock = clock
@@ -200,12 +287,16 @@ class HttpSlotProbe:
         clock = self._clock
         started = clock.now()
         try:
-            body = fetch(self._transport, clock, "GET", self._path, None, self._limits, cancel)
+            body = fetch(
+                self._transport, clock, "GET", self._path, None, self._limits, cancel
+            )
         except Stalled:
             # It took the connection and said nothing in time (paused, stuck in a decode).
             waited_ms = (clock.now() - started) * 1000
             log.warning(
-                "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)", slot, waited_ms
+                "slot %d: /slots probe: no answer within %.0f ms (unresponsive: paused or stuck)",
+                slot,
+                waited_ms,
             )
             return SlotState.UNRESPONSIVE
         except ModelNotLoaded:
@@ -213,7 +304,9 @@ class HttpSlotProbe:
         except HttpError as exc:
             state = refused_state(exc)
             if state is SlotState.LOADING:
-                log.warning("slot %d: /slots probe: the model is loading (HTTP %d)", slot, exc.status)
+                log.warning(
+                    "slot %d: /slots probe: the model is loading (HTTP %d)", slot, exc.status
+                )
             else:
                 log.warning("slot %d: /slots probe failed (%s)", slot, loggable(exc))
             return state
@@ -231,9 +324,13 @@ class HttpSlotProbe:
         if self._model is None:  # (a router answers "not loaded" only to a request that names one)
             return SlotState.UNAVAILABLE
         try:
-            listing = fetch(self._transport, self._clock, "GET", MODELS_PATH, None, self._limits, cancel)
+            listing = fetch(
+                self._transport, self._clock, "GET", MODELS_PATH, None, self._limits, cancel
+            )
         except InferError as exc:
-            log.warning("slot %d: the model is not loaded, and /models failed (%s)", slot, loggable(exc))
+            log.warning(
+                "slot %d: the model is not loaded, and /models failed (%s)", slot, loggable(exc)
+            )
             return SlotState.UNAVAILABLE
         state = model_state(listing, self._model)
         log.warning("slot %d: the model is not loaded: %s", slot, _SAID[state])

@@ -15,10 +15,12 @@ Only `props(load=True)` loads it (the self-test and `--print-expect`), and a cha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Generator
 
 from app._sync.fetch import fetch, read_all, refuse
+from domain.attempt import AttemptMachine
 from domain.cancel import CancelToken
 from domain.errors import InferError
 from domain.events import Waiting
@@ -39,7 +41,6 @@ from domain.llama_api import (
 )
 from domain.messages import ChatRequest
 from domain.request import RequestSettings, build_chat_body, check_slot
-from domain.waiting import Charged
 from ports.clock import Clock
 from ports.slot_probe import SlotProbe
 from ports.transport import Transport, Link, TimedOut
@@ -68,7 +69,9 @@ class ServerInfo:
         self._settings = request_settings
         self._limits = limits
         self._total_slots = total_slots
-        self.n_ctx = n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
+        self.n_ctx = (
+            n_ctx  # a slot's context, the bound of a prompt's progress; /props gives it too
+        )
 
     def render(self, req: ChatRequest, token: CancelToken) -> bytes:
         """The exact request body `chat` sends for `req` (validated, deterministic): every check
@@ -78,10 +81,10 @@ class ServerInfo:
             check_slot(req.slot, self.slot_count(token))
         return body
 
-    def props(self, token: CancelToken, *, load: bool = False) -> Props:
+    def props(self, token: CancelToken, *, load: bool = False, quick: bool = False) -> Props:
         """`/props` of the config's model; `load`: a router loads it if it is not (under the
-        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`."""
-        return self.learned(parse_props(self.get(PROPS_PATH, token, load=load)))
+        info limits: the head within `load_wait_ms`), else `ModelNotLoaded`; `quick`: as `get`'s."""
+        return self.learned(parse_props(self.get(PROPS_PATH, token, quick=quick, load=load)))
 
     def learned(self, props: Props) -> Props:
         """Keep what `props` says of the slots, where the config did not pin it."""
@@ -95,15 +98,23 @@ class ServerInfo:
         return parse_slots(self.get(SLOTS_PATH, token))
 
     def tokenize(self, text: str, token: CancelToken) -> list[Token]:
-        return parse_tokens(self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token))
+        return parse_tokens(
+            self.post(TOKENIZE_PATH, tokenize_body(text, self._settings.model), token)
+        )
 
     def check_slot(self, slot: int, token: CancelToken) -> int:
         """`slot`, or `RequestError` when it is not one of the server's slots (one that is no
         slot at all, before the slot count is asked of the server)."""
         checked = check_slot(slot, self._total_slots)
-        return checked if self._total_slots is not None else check_slot(slot, self.slot_count(token))
+        return (
+            checked
+            if self._total_slots is not None
+            else check_slot(slot, self.slot_count(token))
+        )
 
-    def get(self, path: str, token: CancelToken, *, quick: bool = False, load: bool = False) -> bytes:
+    def get(
+        self, path: str, token: CancelToken, *, quick: bool = False, load: bool = False
+    ) -> bytes:
         """`GET path?model=...` under `ClientLimits.info()`, or `probe()` when `quick` (for what
         the server answers at once or not at all); with `autoload=false` unless `load`. A
         cancelled `token`: no connection is made."""
@@ -112,11 +123,24 @@ class ServerInfo:
         limits = self._limits.probe() if quick else self._limits.info()
         return fetch(self._transport, self._clock, "GET", path, None, limits, token)
 
-    def post(self, path: str, body: bytes, token: CancelToken, *, quick: bool = False) -> bytes:
-        """`POST path?autoload=false` (`body` names the model); limits as `get`'s."""
+    def post(
+        self,
+        path: str,
+        body: bytes,
+        token: CancelToken,
+        *,
+        quick: bool = False,
+        within: float | None = None,
+    ) -> bytes:
+        """`POST path?autoload=false` (`body` names the model); limits as `get`'s, or the head
+        `within` seconds and the body under the probe's limit (for work a turn waits for)."""
         token.raise_if_cancelled()  # no connection for a cancelled call
-        limits = self._limits.probe() if quick else self._limits.info()
-        return fetch(self._transport, self._clock, "POST", no_autoload(path), body, limits, token)
+        limits = self._limits.probe() if quick or within is not None else self._limits.info()
+        if within is not None:
+            limits = dataclasses.replace(limits, head_wait_s=within)
+        return fetch(
+            self._transport, self._clock, "POST", no_autoload(path), body, limits, token
+        )
 
     def link_ahead(self, token: CancelToken) -> Link | None:
         """A connection for a chat whose body is rendered and will be sent at once, made first,
@@ -131,36 +155,36 @@ class ServerInfo:
             return None
 
     def load(
-        self, probe: SlotProbe, slot: int, token: CancelToken, charged: Charged
+        self, probe: SlotProbe, machine: AttemptMachine, token: CancelToken
     ) -> Generator[Waiting, None, None]:
-        """Have a router load the model for a chat about to be sent on `slot`, and learn its
-        `/props`: a `GET /props` that loads it, its head awaited with a `probe` each `poll_ms`
-        (`Waiting`: loading, or behind another model's work) under the chat's own budgets, what
-        it charged kept in `charged` for the chat's wait. A model already loaded answers at once."""
-        limits, clock, now = self._limits, self._clock, self._clock.now
+        """Have a router load the model for a chat about to be sent on the machine's slot, and
+        learn its `/props`: a `GET /props` that loads it, its head awaited with a `probe` each
+        `poll_ms` (`Waiting`: loading, or behind another model's work) under the chat's own
+        budgets, charged by the machine (`AttemptMachine.load_wait`). A model already loaded
+        answers at once."""
+        limits, clock, now, slot = self._limits, self._clock, self._clock.now, machine.slot
         token.raise_if_cancelled()
         path = with_model(PROPS_PATH, self._settings.model)
         transport = self._transport
         exchange = transport.open("GET", path, None, timeout=limits.poll_s, cancel=token)
         try:
-            wait = limits.first_byte_wait(now(), slot, before=charged)
+            wait = machine.load_wait(now())
             log.debug("slot %d: the model is not loaded: waiting for the router to load it", slot)
             while isinstance(head := exchange.head(wait.timeout(now())), TimedOut):
-                decision = wait.on_poll(now(), probe.state(slot, token))
-                charged.carry(wait)
+                decision = machine.polled(now(), probe.state(slot, token))
                 token.raise_if_cancelled()
                 yield decision.event
                 if decision.error is not None:
                     raise decision.error
-            charged.carry(wait)
             if head.status != 200:
                 refuse(exchange, head, clock, limits)
             raw = read_all(exchange, clock, limits.body_bytes, limits.liveness_s)
         finally:
             exchange.close()
-        charged.loaded = True
         self.learned(parse_props(raw))
-        log.debug("slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now()))
+        log.debug(
+            "slot %d: the model is loaded, %.0f ms after it was asked for", slot, wait.age_ms(now())
+        )
 
     def slot_count(self, token: CancelToken) -> int:
         """The server's slot count; `ModelNotLoaded` from a router that has not loaded the model."""

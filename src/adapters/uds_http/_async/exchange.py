@@ -148,7 +148,9 @@ class AsyncHttpExchange:
                 return TIMED_OUT
             parser.receive_data(data)
             head = parser.next_head()
-            if head is None and now() >= deadline:  # bytes that keep coming are no head (a flood of 1xx)
+            if (
+                head is None and now() >= deadline
+            ):  # bytes that keep coming are no head (a flood of 1xx)
                 return TIMED_OUT
         self._eof = parser.eof
         self._body = parser.body

@@ -34,7 +34,9 @@ class AsyncUdsTransport:
 
     __slots__ = ("_ahead", "_budget", "_header_bytes", "socket_path")
 
-    def __init__(self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None) -> None:
+    def __init__(
+        self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None
+    ) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
         self._ahead = SocketAhead()
@@ -48,9 +50,13 @@ class AsyncUdsTransport:
         own). Exchanges open go on. Idempotent."""
         self._ahead.close()
 
-    async def connect(self, timeout: float, cancel: CancelSignal | None = None) -> AsyncSocketStream:
+    async def connect(
+        self, timeout: float, cancel: CancelSignal | None = None
+    ) -> AsyncSocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
+        return await AsyncSocketStream.connect(
+            self.socket_path, timeout, cancel, self._ahead, self._budget
+        )
 
     async def open(
         self,
@@ -71,11 +77,20 @@ class AsyncUdsTransport:
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
         # Rendered before connecting, so a malformed request fails first.
-        request, stream = render_for(link, AsyncSocketStream, self, method, path, body, self._header_bytes, headers)
+        request, stream = render_for(
+            link, AsyncSocketStream, self, method, path, body, self._header_bytes, headers
+        )
         if stream is None:
-            stream = await AsyncSocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
+            stream = await AsyncSocketStream.connect(
+                self.socket_path, timeout, cancel, self._ahead, self._budget
+            )
         exchange = await send(
-            stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel
+            stream,
+            request,
+            timeout=timeout,
+            now=time.monotonic,
+            peer=self.socket_path,
+            cancel=cancel,
         )
         self._ahead.refill()  # the request is out: its answer is awaited next
         return exchange
@@ -99,4 +114,6 @@ async def exchange_over(
     except ValueError:
         sock.close()
         raise
-    return await send(AsyncSocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer)
+    return await send(
+        AsyncSocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer
+    )

@@ -35,7 +35,9 @@ class UdsTransport:
 
     __slots__ = ("_ahead", "_budget", "_header_bytes", "socket_path")
 
-    def __init__(self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None) -> None:
+    def __init__(
+        self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None
+    ) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
         self._ahead = SocketAhead()
@@ -49,9 +51,13 @@ class UdsTransport:
         own). Exchanges open go on. Idempotent."""
         self._ahead.close()
 
-    def connect(self, timeout: float, cancel: CancelSignal | None = None) -> SocketStream:
+    def connect(
+        self, timeout: float, cancel: CancelSignal | None = None
+    ) -> SocketStream:
         """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
-        return SocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
+        return SocketStream.connect(
+            self.socket_path, timeout, cancel, self._ahead, self._budget
+        )
 
     def open(
         self,
@@ -72,11 +78,20 @@ class UdsTransport:
         connection breaks while the request is written and `Stalled` if writing it takes longer
         than `timeout`."""
         # Rendered before connecting, so a malformed request fails first.
-        request, stream = render_for(link, SocketStream, self, method, path, body, self._header_bytes, headers)
+        request, stream = render_for(
+            link, SocketStream, self, method, path, body, self._header_bytes, headers
+        )
         if stream is None:
-            stream = SocketStream.connect(self.socket_path, timeout, cancel, self._ahead, self._budget)
+            stream = SocketStream.connect(
+                self.socket_path, timeout, cancel, self._ahead, self._budget
+            )
         exchange = send(
-            stream, request, timeout=timeout, now=time.monotonic, peer=self.socket_path, cancel=cancel
+            stream,
+            request,
+            timeout=timeout,
+            now=time.monotonic,
+            peer=self.socket_path,
+            cancel=cancel,
         )
         self._ahead.refill()  # the request is out: its answer is awaited next
         return exchange
@@ -100,4 +115,6 @@ def exchange_over(
     except ValueError:
         sock.close()
         raise
-    return send(SocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer)
+    return send(
+        SocketStream(sock), request, timeout=timeout, now=time.monotonic, peer=peer
+    )
