@@ -181,7 +181,9 @@ class AsyncPromptCache:
             previous = self._memory.turns.get(slot)
             if previous is None or (moving and not self._settings.predict):
                 return None, now
-            before = previous.rendered or await self._render(previous.body, token)
+            before = previous.rendered
+            if before is None:  # never rendered: not rendered now, so a turn costs three at most
+                return None, now
             rendering = False
             loss = self._settings.loss_tokens
             if restored and checkpoint is not None:  # the session's, just put back
