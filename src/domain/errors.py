@@ -4,6 +4,7 @@
     ├── NetworkError                the connection or the stream broke            retried
     │   ├── ConnectError            the socket could not be reached
     │   └── StreamClosedEarly       the stream ended before its final chunk
+    │       └── ProxyRefused        refused by a proxy: after 1/rate s             retried
     ├── InferTimeout                a wait ran out
     │   ├── Stalled                 silence past the liveness limit                retried
     │   ├── LoadTimeout             unavailable or unresponsive past load_wait_ms  retried
@@ -20,7 +21,8 @@
         └── ClientClosed            the client was closed
 
 `error.retried` says whether `chat_with_retry` tries again after it (`domain.retry` asks only
-that); each class's docstring says what happened and what the caller should do. Adapters
+that, and waits `error.retry_after_s` when the error names a wait, its schedule's delay else);
+each class's docstring says what happened and what the caller should do. Adapters
 translate `OSError`, timeouts and malformed bytes into these at the edge.
 """
 
@@ -78,6 +80,7 @@ class InferError(Exception):
     makes another attempt after it (within the retry schedule and its total)."""
 
     retried: bool = False
+    retry_after_s: float | None = None  # a wait the failure itself asks for before the next attempt
 
 
 # -- the connection or the stream broke ------------------------------------------------------
@@ -98,6 +101,19 @@ class ConnectError(NetworkError):
 class StreamClosedEarly(NetworkError):
     """The connection ended before the final chunk. A cut after the response head is re-attached
     first (the events go on where they broke); the message says when a router unloaded the model."""
+
+
+class ProxyRefused(StreamClosedEarly):
+    """The connection was closed right after the connect was accepted, before any response
+    byte, with the request not yet written whole or just written: what inferproxy does to a
+    connection over its accept or connection limit (another process sharing the proxy spent
+    them), and what it does too when the server behind it is down (the bytes are the same).
+    Retried after `retry_after_s`, the proxy's refill time (1/rate s), not on the schedule's
+    delays; the attempts and the retry budget count it as any other."""
+
+    def __init__(self, message: str, retry_after_s: float = 0.5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 # -- a wait ran out ---------------------------------------------------------------------------

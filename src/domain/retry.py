@@ -15,6 +15,9 @@ Pinned where the brief is silent:
 - The jittered wait is `round(delay * (1 + u))` with `u` uniform in `[-jitter, +jitter]`, never
   negative; the budget is checked against the jittered wait, the one actually slept.
 - If there are fewer delays than gaps between attempts, the last delay repeats.
+- An error that names its own wait (`InferError.retry_after_s`: a proxy's refusal, whose bucket
+  refills in 1/rate s) is retried after that wait, jittered upwards only (never before it has
+  passed), instead of the schedule's delay; it counts as an attempt, under the same total.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from domain.errors import InferError
+
+# The refill time of inferproxy's accept bucket at its default rate (2 a second): the wait after
+# a refusal when the client knows no other rate.
+REFILL_S = 0.5
 
 
 def is_retryable(err: InferError) -> bool:
@@ -82,9 +89,12 @@ class RetryPolicy:
             return RetryDecision(False, reason=f"{type(error).__name__} is not retried")
         if attempt >= self.attempts:
             return RetryDecision(False, reason=f"all {self.attempts} attempts made")
-        delay = self.delays_ms[min(attempt - 1, len(self.delays_ms) - 1)]
-        factor = 1.0 + self.rng.uniform(-self.jitter, self.jitter)
-        after_ms = max(0, round(delay * factor))
+        if error.retry_after_s is not None:
+            factor = 1.0 + self.rng.uniform(0.0, self.jitter)  # never sooner than asked
+            after_ms = max(0, round(error.retry_after_s * 1000.0 * factor))
+        else:
+            delay = self.delays_ms[min(attempt - 1, len(self.delays_ms) - 1)]
+            after_ms = max(0, round(delay * (1.0 + self.rng.uniform(-self.jitter, self.jitter))))
         if elapsed_ms + after_ms >= self.total_ms:
             return RetryDecision(
                 False,

@@ -134,6 +134,7 @@ class Transport(Protocol):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> Exchange: ...
 
 
@@ -165,4 +166,5 @@ class AsyncTransport(Protocol):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> AsyncExchange: ...

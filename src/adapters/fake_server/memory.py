@@ -198,6 +198,7 @@ class ScriptedTransport:
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> ScriptedExchange:
         request, stream = self._render(method, path, body, headers, link)
         return send(stream, request, timeout=timeout, now=self.clock.now, peer=self.socket_path, cancel=cancel)
@@ -266,6 +267,7 @@ class AsyncScriptedTransport(ScriptedTransport):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> AsyncHttpExchange:
         request, scripted = self._render(method, path, body, headers, link)
         return await send_async(

@@ -259,7 +259,14 @@ class LlamaCalls:
         limits, conversation = self._limits, self._ids.take()
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
         exchange = self._transport.open(
-            "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
+            "POST",
+            CHAT_PATH,
+            body,
+            timeout=limits.poll_ms / 1000.0,
+            cancel=token,
+            headers=headers,
+            link=link,
+            place_wait=limits.gate_wait_s,  # a place as busy as a slot: waited for as long
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         flight.sent = True
