@@ -105,6 +105,13 @@ class Places:
         self._settle()
         return held
 
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            waiting = self._core.waiting
+        self._settle()
+        return waiting
+
     def take_now(self) -> Place | None:
         """A place if one is free at once and nobody waits for one; else None."""
         with self._lock:
