@@ -57,9 +57,11 @@ def relay_to(path: str) -> Callable[[socket.socket], None]:
 
 @contextlib.contextmanager
 def proxied(server: FakeServer, tmp_path: Path, limits: ProxyLimits) -> Iterator[RunningProxy]:
-    with LoopbackUpstream(relay_to(server.socket_path)) as upstream:
-        with running_proxy(str(tmp_path / "infer.sock"), upstream.address, limits) as proxy:
-            yield proxy
+    with (
+        LoopbackUpstream(relay_to(server.socket_path)) as upstream,
+        running_proxy(str(tmp_path / "infer.sock"), upstream.address, limits) as proxy,
+    ):
+        yield proxy
 
 
 def config(running: RunningProxy, **changes: Any) -> Any:
