@@ -1,0 +1,142 @@
+"""Concurrent sessions through an inferproxy with its defaults (8 connections, a burst of 10, then
+2 a second), in front of the real llama-server with a slot per session: what the proxy refused
+and what the client retried.
+
+4 and 8 sessions, each on a slot of its own, run 3 turns at once on threads, every turn a
+`chat_with_retry` with `[cache] predict = true` (from the second turn on, three requests before
+the chat: `/apply-template`, `/tokenize`, `/slots`). Counted: the proxy's refusals (its log
+lines: one per refusal, then a summary a second), the client's retries (`Retrying` events), the
+sessions that failed, and those still running after `STUCK_S` (a deadlock).
+
+    python bench/sessions_conns_bench.py [--quick]
+
+Run it with another checkout's `src` first on `PYTHONPATH` to measure that code (the proxy
+starts from the same path).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "device"))
+
+import llama  # noqa: E402
+from proxy import ProxyProcess  # noqa: E402
+
+from app.client import Client  # noqa: E402
+from app.config import parse_config  # noqa: E402
+from app.container import Container  # noqa: E402
+from domain.errors import InferError  # noqa: E402
+from domain.events import ChatEvent, Retrying  # noqa: E402
+from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage  # noqa: E402
+
+SLOTS = 8
+TURNS = 3
+STUCK_S = 300.0  # a session still running this long after the others began is taken as stuck
+REFILL_WAIT_S = 6.0  # the proxy's bucket full again (10 tokens at 2 a second) between runs
+QUESTIONS = ("Name one colour of the sky.", "Now name one colour of grass.", "And one of snow?")
+_SUMMARY = re.compile(r"refused (\d+) more connections?")
+
+
+class Lines(io.StringIO):
+    """The proxy's lines after its start line, kept as they come (from its copying thread)."""
+
+    def refusals(self) -> int:
+        count = 0
+        for line in self.getvalue().splitlines():
+            if line.startswith("refused a connection"):
+                count += 1
+            elif (match := _SUMMARY.match(line)) is not None:
+                count += int(match[1])
+        return count
+
+
+def client_on(socket_path: str, max_tokens: int) -> Client:
+    config: dict[str, Any] = {
+        "socket": socket_path,
+        "model": llama.ALIAS,
+        "limits": {"max_tokens": max_tokens, "liveness_ms": 120_000},
+        "sampling": {"temperature": 0.0, "seed": 42},
+        "cache": {"predict": True},
+        "expect": {"chat_template_sha256": "0" * 64, "n_ctx": 2048, "total_slots": SLOTS},
+    }
+    client: Client = Container(config=parse_config(config)).client()
+    return client
+
+
+def session(client: Client, slot: int, retries: list[Retrying], failures: list[str]) -> None:
+    messages: list[ChatMessage] = [SystemMessage(f"Session {slot}. You are terse. Answer in a few words.")]
+
+    def seen(event: ChatEvent) -> None:
+        if isinstance(event, Retrying):
+            retries.append(event)
+
+    try:
+        for question in QUESTIONS[:TURNS]:
+            messages.append(UserMessage(question))
+            completion = client.chat_with_retry(ChatRequest(slot=slot, messages=tuple(messages)), seen)
+            messages.append(AssistantMessage(completion.content))
+    except InferError as exc:
+        failures.append(f"slot {slot}: {type(exc).__name__}: {exc}")
+
+
+def sessions(socket_path: str, count: int, max_tokens: int) -> dict[str, Any]:
+    client = client_on(socket_path, max_tokens)  # a fresh container: its budget starts full
+    retries: list[Retrying] = []
+    failures: list[str] = []
+    threads = [
+        threading.Thread(target=session, args=(client, slot, retries, failures), daemon=True) for slot in range(count)
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, started + STUCK_S - time.monotonic()))
+    stuck = sum(thread.is_alive() for thread in threads)
+    return {
+        "retries": len(retries),
+        "failures": failures,
+        "stuck": stuck,
+        "took_s": time.monotonic() - started,
+        "first_retry": retries[0].error[:160] if retries else "",
+    }
+
+
+def run(quick: bool = False) -> list[tuple[str, str]]:
+    max_tokens = 8 if quick else 24
+    rows: list[tuple[str, str]] = []
+    folder = Path(tempfile.mkdtemp(prefix="inferpath-sessions-bench-"))
+    lines = Lines()
+    with (
+        llama.start_server("tools", log_dir=folder, slots=SLOTS, context=SLOTS * 2048) as server,
+        ProxyProcess(f"{server.host}:{server.port}", echo=lines) as proxy,  # the proxy's defaults
+    ):
+        for count in (4, 8):
+            time.sleep(REFILL_WAIT_S)  # sessions that find the proxy's bucket full, as after a quiet spell
+            before = lines.refusals()
+            result = sessions(proxy.socket_path, count, max_tokens)
+            time.sleep(1.5)  # the proxy's summary of the last second's refusals, if any
+            refused = lines.refusals() - before
+            figure = (
+                f"{refused} refused, {result['retries']} retries, {len(result['failures'])} failed,"
+                f" {result['stuck']} stuck ({result['took_s']:.1f} s)"
+            )
+            rows.append((f"{count} sessions x {TURNS} predicted turns, default proxy", figure))
+            for failure in result["failures"][:2]:
+                print(f"  {failure[:200]}", file=sys.stderr)
+            if result["first_retry"]:
+                print(f"  first retry after: {result['first_retry']}", file=sys.stderr)
+    return rows
+
+
+if __name__ == "__main__":
+    for name, value in run(quick="--quick" in sys.argv):
+        print(f"{name}: {value}")
