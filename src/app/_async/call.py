@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from functools import partial
 from logging import DEBUG
 from typing import TypeVar
 
@@ -257,15 +258,9 @@ class AsyncLlamaCalls:
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits, conversation = self._limits, self._ids.take()
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
-        exchange = await self._transport.open(
-            "POST",
-            CHAT_PATH,
-            body,
-            timeout=limits.poll_ms / 1000.0,
-            cancel=token,
-            headers=headers,
-            link=link,
-            place_wait=limits.gate_wait_s,  # a place as busy as a slot: waited for as long
+        open_chat = partial(self._transport.open, place_wait=limits.gate_wait_s)  # a place as a slot
+        exchange = await open_chat(
+            "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
         flight.generating = conversation  # sent: the server may be generating for it from now on
         flight.sent = True
