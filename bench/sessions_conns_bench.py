@@ -121,7 +121,7 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
     ):
         for count in (4, 8):
             time.sleep(REFILL_WAIT_S)  # sessions that find the proxy's bucket full, as after a quiet spell
-            before = lines.refusals()
+            before, seen = lines.refusals(), len(lines.getvalue())
             result = sessions(proxy.socket_path, count, max_tokens)
             time.sleep(1.5)  # the proxy's summary of the last second's refusals, if any
             refused = lines.refusals() - before
@@ -130,6 +130,8 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
                 f" {result['stuck']} stuck ({result['took_s']:.1f} s)"
             )
             rows.append((f"{count} sessions x {TURNS} predicted turns, default proxy", figure))
+            for line in lines.getvalue()[seen:].splitlines()[:5]:
+                print(f"  proxy: {line}", file=sys.stderr)
             for failure in result["failures"][:2]:
                 print(f"  {failure[:200]}", file=sys.stderr)
             if result["first_retry"]:
