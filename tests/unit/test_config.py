@@ -176,7 +176,7 @@ def test_proxy_max_conns_is_the_proxys_default_and_bounded() -> None:
     assert parse_config({"socket": "/run/x.sock"}).proxy.max_conns == 8
     assert parse_config({"socket": "/run/x.sock", "proxy": {"max_conns": 2}}).proxy.max_conns == 2
     for bad in (0, 1025, 2.5, True):
-        with pytest.raises(ConfigError, match="proxy.max_conns"):
+        with pytest.raises(ConfigError, match=r"proxy\.max_conns"):
             parse_config({"socket": "/run/x.sock", "proxy": {"max_conns": bad}})
 
 
