@@ -348,7 +348,7 @@ class ResponseParser:
         how += " before any response byte" + ("" if exc is None else f" ({reason(exc)})")
         return ProxyRefused(
             f"{self.what}: connection {how}, right after the request was written:"
-            f" {_REFUSED}; tried again after {retry_after_s:g} s",
+            f" {_REFUSED}; worth another try after {retry_after_s:g} s",
             retry_after_s,
         )
 
@@ -477,7 +477,7 @@ def write_failed(request: Request, peer: str, exc: OSError, retry_after_s: float
     nothing can have started, so it is a refusal (`ProxyRefused`)."""
     return ProxyRefused(
         f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)}),"
-        f" before any response byte: {_REFUSED}; tried again after {retry_after_s:g} s",
+        f" before any response byte: {_REFUSED}; worth another try after {retry_after_s:g} s",
         retry_after_s,
     )
 
