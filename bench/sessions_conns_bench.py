@@ -52,9 +52,9 @@ class Lines(io.StringIO):
     def refusals(self) -> int:
         count = 0
         for line in self.getvalue().splitlines():
-            if line.startswith("refused a connection"):
+            if "refused a connection" in line:  # (after the proxy's "inferproxy: ")
                 count += 1
-            elif (match := _SUMMARY.match(line)) is not None:
+            elif (match := _SUMMARY.search(line)) is not None:
                 count += int(match[1])
         return count
 
@@ -130,8 +130,8 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
                 f" {result['stuck']} stuck ({result['took_s']:.1f} s)"
             )
             rows.append((f"{count} sessions x {TURNS} predicted turns, default proxy", figure))
-            for line in lines.getvalue()[seen:].splitlines()[:5]:
-                print(f"  proxy: {line}", file=sys.stderr)
+            for line in lines.getvalue()[seen:].splitlines()[:3]:
+                print(f"  {line}", file=sys.stderr)
             for failure in result["failures"][:2]:
                 print(f"  {failure[:200]}", file=sys.stderr)
             if result["first_retry"]:
