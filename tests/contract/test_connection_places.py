@@ -18,6 +18,7 @@ from adapters.fake_server import FakeServer, error_reply, sse_reply
 from adapters.uds_http._async.transport import AsyncUdsTransport
 from adapters.uds_http._sync.transport import UdsTransport
 from adapters.uds_http.places import Places
+from app.config import parse_config
 from app.container import Container
 from client_support import ANSWER, CHAT, REQ, Kind, config_for
 from domain.cancel import CancelToken
@@ -210,10 +211,10 @@ def test_a_connection_made_ahead_takes_a_free_place_or_none_and_never_waits(serv
 
 
 def test_both_flavours_of_a_container_share_one_count_below_the_proxys_max_conns(server: FakeServer) -> None:
-    container = Container(config=config_for(server.socket_path))
+    container = Container(config=parse_config({"socket": server.socket_path}))  # proxy defaults
     places = container.places()
 
-    assert places is container.places() and places.max_conns == 8
+    assert places is container.places() and places.max_conns == 8 and places.take_now() is not None
     assert container.transport()._places is places  # type: ignore[attr-defined]
     assert container.async_transport()._places is places  # type: ignore[attr-defined]
 

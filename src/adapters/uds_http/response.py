@@ -348,7 +348,7 @@ class ResponseParser:
         how += " before any response byte" + ("" if exc is None else f" ({reason(exc)})")
         return ProxyRefused(
             f"{self.what}: connection {how}, right after the request was written:"
-            f" {_REFUSED}; worth another try after {retry_after_s:g} s",
+            f" {_REFUSED}; worth another try after {retry_after_s * 1000:.0f} ms",
             retry_after_s,
         )
 
@@ -463,8 +463,8 @@ _DOWN = (
 
 
 _REFUSED = (
-    "inferproxy refused it (over its accept rate or its connection limit: another process"
-    " shares it), or the server behind it is down"
+    "a proxy refused it (inferproxy closes a connection over its accept rate or its connection"
+    " limit: another process shares it), or the server behind the socket is down or restarting"
 )
 
 
@@ -475,9 +475,10 @@ def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
 def write_failed(request: Request, peer: str, exc: OSError, retry_after_s: float) -> ProxyRefused:
     """A connection closed (or reset) before the request was written whole, nothing answered:
     nothing can have started, so it is a refusal (`ProxyRefused`)."""
+    after_ms = retry_after_s * 1000
     return ProxyRefused(
         f"{request.what}: connection to {peer} closed while the request was written ({reason(exc)}),"
-        f" before any response byte: {_REFUSED}; worth another try after {retry_after_s:g} s",
+        f" before any response byte: {_REFUSED}; worth another try after {after_ms:.0f} ms",
         retry_after_s,
     )
 
