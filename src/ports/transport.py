@@ -16,6 +16,11 @@ script, see `ports.stream`):
   idempotent, never raises). Both connect at once or fail at once, but for a socket whose
   accept backlog is full: that is waited out within `timeout` in either flavour, and `cancel`
   (or cancelling the task) ends the wait with `ConnectError`.
+- A transport that keeps a proxy's connection limit makes a connect wait for a place (within
+  `timeout`, or `open(..., place_wait=)`, and `cancel` ends that wait with `ConnectError`), and
+  gives the place back when the connection closes; `connect` never waits for one: it takes a
+  place free at once, or raises `ConnectError`. A transport without such a limit ignores
+  `place_wait`.
 - `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
   aborts it (even while the request is still being written), and closing it unregisters.
 - `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts

@@ -17,6 +17,8 @@ Invariants:
   never keeps one task running for more than one read's worth of parsing.
 - A read that times out or is cancelled has taken no byte: it waits for the socket to be
   readable and only then reads, itself, so nothing received is ever dropped.
+- A stream made under `places` holds its place until `close()` (or until it is collected
+  unclosed): a connect that fails gives the place back before it raises.
 - `shutdown()` may come from any thread while another (or the loop) waits in `recv`: the wait
   ends (EOF) and the peer sees the close. `close()` is idempotent; neither raises.
 """
