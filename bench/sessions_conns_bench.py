@@ -6,7 +6,8 @@ and what the client retried.
 `chat_with_retry` with `[cache] predict = true` (from the second turn on, three requests before
 the chat: `/apply-template`, `/tokenize`, `/slots`). Counted: the proxy's refusals (its log
 lines: one per refusal, then a summary a second), the client's retries (`Retrying` events), the
-sessions that failed, and those still running after `STUCK_S` (a deadlock).
+sessions that failed, those still running after `STUCK_S` (a deadlock), and the predictions made
+of those asked (a refused prediction request is dropped silently: the turn goes on without one).
 
     python bench/sessions_conns_bench.py [--quick]
 
@@ -35,7 +36,7 @@ from app.client import Client  # noqa: E402
 from app.config import parse_config  # noqa: E402
 from app.container import Container  # noqa: E402
 from domain.errors import InferError  # noqa: E402
-from domain.events import ChatEvent, Retrying  # noqa: E402
+from domain.events import CachePrediction, ChatEvent, Retrying  # noqa: E402
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage  # noqa: E402
 
 SLOTS = 8
@@ -72,12 +73,14 @@ def client_on(socket_path: str, max_tokens: int) -> Client:
     return client
 
 
-def session(client: Client, slot: int, retries: list[Retrying], failures: list[str]) -> None:
+def session(client: Client, slot: int, retries: list[Retrying], predicted: list[int], failures: list[str]) -> None:
     messages: list[ChatMessage] = [SystemMessage(f"Session {slot}. You are terse. Answer in a few words.")]
 
     def seen(event: ChatEvent) -> None:
         if isinstance(event, Retrying):
             retries.append(event)
+        elif isinstance(event, CachePrediction):
+            predicted.append(slot)
 
     try:
         for question in QUESTIONS[:TURNS]:
@@ -91,9 +94,11 @@ def session(client: Client, slot: int, retries: list[Retrying], failures: list[s
 def sessions(socket_path: str, count: int, max_tokens: int) -> dict[str, Any]:
     client = client_on(socket_path, max_tokens)  # a fresh container: its budget starts full
     retries: list[Retrying] = []
+    predicted: list[int] = []
     failures: list[str] = []
     threads = [
-        threading.Thread(target=session, args=(client, slot, retries, failures), daemon=True) for slot in range(count)
+        threading.Thread(target=session, args=(client, slot, retries, predicted, failures), daemon=True)
+        for slot in range(count)
     ]
     started = time.monotonic()
     for thread in threads:
@@ -103,6 +108,8 @@ def sessions(socket_path: str, count: int, max_tokens: int) -> dict[str, Any]:
     stuck = sum(thread.is_alive() for thread in threads)
     return {
         "retries": len(retries),
+        "predicted": len(predicted),
+        "asked": count * (TURNS - 1),  # every turn but the first asks for one
         "failures": failures,
         "stuck": stuck,
         "took_s": time.monotonic() - started,
@@ -127,7 +134,8 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
             refused = lines.refusals() - before
             figure = (
                 f"{refused} refused, {result['retries']} retries, {len(result['failures'])} failed,"
-                f" {result['stuck']} stuck ({result['took_s']:.1f} s)"
+                f" {result['stuck']} stuck, {result['predicted']}/{result['asked']} predictions"
+                f" ({result['took_s']:.1f} s)"
             )
             rows.append((f"{count} sessions x {TURNS} predicted turns, default proxy", figure))
             for line in lines.getvalue()[seen:].splitlines()[:3]:
