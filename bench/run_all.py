@@ -30,7 +30,7 @@ SUITES = [
     ("the client's own steps to the first token: the write's place in it, asyncio's wake", "client_steps_bench"),
     ("the cache prediction: its cost per turn and its error against the server's cache_n", "cache_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
-    ("4 and 8 sessions through a default inferproxy: its refusals, the client's retries", "sessions_conns_bench"),
+    ("4 and 8 sessions through a default proxy: refusals, retries", "sessions_conns_bench"),
 ]
 
 

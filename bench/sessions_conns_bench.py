@@ -37,7 +37,13 @@ from app.config import parse_config  # noqa: E402
 from app.container import Container  # noqa: E402
 from domain.errors import InferError  # noqa: E402
 from domain.events import CachePrediction, ChatEvent, Retrying  # noqa: E402
-from domain.messages import AssistantMessage, ChatMessage, ChatRequest, SystemMessage, UserMessage  # noqa: E402
+from domain.messages import (  # noqa: E402
+    AssistantMessage,
+    ChatMessage,
+    ChatRequest,
+    SystemMessage,
+    UserMessage,
+)
 
 SLOTS = 8
 TURNS = 3
@@ -73,8 +79,15 @@ def client_on(socket_path: str, max_tokens: int) -> Client:
     return client
 
 
-def session(client: Client, slot: int, retries: list[Retrying], predicted: list[int], failures: list[str]) -> None:
-    messages: list[ChatMessage] = [SystemMessage(f"Session {slot}. You are terse. Answer in a few words.")]
+def session(
+    client: Client,
+    slot: int,
+    retries: list[Retrying],
+    predicted: list[int],
+    failures: list[str],
+) -> None:
+    rules = SystemMessage(f"Session {slot}. You are terse. Answer in a few words.")
+    messages: list[ChatMessage] = [rules]
 
     def seen(event: ChatEvent) -> None:
         if isinstance(event, Retrying):
@@ -85,7 +98,8 @@ def session(client: Client, slot: int, retries: list[Retrying], predicted: list[
     try:
         for question in QUESTIONS[:TURNS]:
             messages.append(UserMessage(question))
-            completion = client.chat_with_retry(ChatRequest(slot=slot, messages=tuple(messages)), seen)
+            req = ChatRequest(slot=slot, messages=tuple(messages))
+            completion = client.chat_with_retry(req, seen)
             messages.append(AssistantMessage(completion.content))
     except InferError as exc:
         failures.append(f"slot {slot}: {type(exc).__name__}: {exc}")
@@ -97,7 +111,11 @@ def sessions(socket_path: str, count: int, max_tokens: int) -> dict[str, Any]:
     predicted: list[int] = []
     failures: list[str] = []
     threads = [
-        threading.Thread(target=session, args=(client, slot, retries, predicted, failures), daemon=True)
+        threading.Thread(
+            target=session,
+            args=(client, slot, retries, predicted, failures),
+            daemon=True,
+        )
         for slot in range(count)
     ]
     started = time.monotonic()
@@ -127,7 +145,7 @@ def run(quick: bool = False) -> list[tuple[str, str]]:
         ProxyProcess(f"{server.host}:{server.port}", echo=lines) as proxy,  # the proxy's defaults
     ):
         for count in (4, 8):
-            time.sleep(REFILL_WAIT_S)  # sessions that find the proxy's bucket full, as after a quiet spell
+            time.sleep(REFILL_WAIT_S)  # the proxy's bucket full, as after a quiet spell
             before, seen = lines.refusals(), len(lines.getvalue())
             result = sessions(proxy.socket_path, count, max_tokens)
             time.sleep(1.5)  # the proxy's summary of the last second's refusals, if any

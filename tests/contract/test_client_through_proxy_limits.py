@@ -80,7 +80,8 @@ def test_more_sessions_than_the_proxys_connections_run_with_no_refusal_and_no_re
     server.route(*CHAT, *[sse_reply(ANSWER, delay_s=HELD_S)] * SESSIONS)
     requests = [ChatRequest(slot=n, messages=REQ.messages) for n in range(SESSIONS)]
     events: list[ChatEvent] = []
-    with proxied(server, tmp_path, ProxyLimits()) as proxy:  # its defaults: 8 connections, 10 then 2/s
+    # The proxy's defaults: 8 connections, a burst of 10, then 2 a second.
+    with proxied(server, tmp_path, ProxyLimits()) as proxy:
         container = Container(config=config(proxy))
         if flavour == "sync":
             client = container.client()
@@ -116,7 +117,8 @@ def test_a_refusal_is_retried_after_the_buckets_refill_time(
     limits = ProxyLimits(burst=1, rate=2.0)  # one token, back in 0.5 s
     retry = {"attempts": 4, "delays_ms": [2000, 2000, 2000], "jitter": 0.0, "total_ms": 10_000}
     with proxied(server, tmp_path, limits) as proxy:
-        client = client_kind.client_of(Container(config=config(proxy, retry=retry, proxy={"burst": 1, "rate": 2})))
+        container = Container(config=config(proxy, retry=retry, proxy={"burst": 1, "rate": 2}))
+        client = client_kind.client_of(container)
         another_process = proxy.connect()  # spends the proxy's one token
         another_process.close()
         assert eventually(lambda: proxy.proxy.accepted == 1)

@@ -37,9 +37,13 @@ def until(condition: Callable[[], bool], within_s: float = 2.0) -> None:
         time.sleep(0.001)
 
 
-def opener(transport: UdsTransport, opened: list[Exchange], timeout: float = 5.0) -> threading.Thread:
+def open_one(transport: UdsTransport, opened: list[Exchange]) -> None:
+    opened.append(transport.open("GET", HEALTH, timeout=5.0))
+
+
+def opener(transport: UdsTransport, opened: list[Exchange]) -> threading.Thread:
     """A thread that opens an exchange (waiting for a place) and keeps it in `opened`."""
-    thread = threading.Thread(target=lambda: opened.append(transport.open("GET", HEALTH, timeout=timeout)))
+    thread = threading.Thread(target=open_one, args=(transport, opened))
     thread.start()
     return thread
 
@@ -63,6 +67,10 @@ def test_a_connect_past_the_places_waits_until_one_is_given_back(server: FakeSer
     assert places.held == 0
 
 
+def open_tagged(transport: UdsTransport, n: int, opened: list[tuple[int, Exchange]]) -> None:
+    opened.append((n, transport.open("GET", HEALTH, timeout=5.0)))
+
+
 def test_places_go_to_the_waiters_in_the_order_they_came(server: FakeServer) -> None:
     places = Places(1)
     transport = UdsTransport(server.socket_path, header_bytes=16384, places=places)
@@ -70,8 +78,7 @@ def test_places_go_to_the_waiters_in_the_order_they_came(server: FakeServer) -> 
     opened: list[tuple[int, Exchange]] = []
     threads = []
     for n in range(3):
-        open_n = lambda n=n: opened.append((n, transport.open("GET", HEALTH, timeout=5.0)))  # noqa: E731
-        threads.append(threading.Thread(target=open_n))
+        threads.append(threading.Thread(target=open_tagged, args=(transport, n, opened)))
         threads[-1].start()
         until(lambda n=n: places.waiting == n + 1)  # queued one after another
     order = []
@@ -182,7 +189,8 @@ def test_a_connect_that_fails_gives_its_place_back(tmp_path: object, flavour: st
     missing = f"{tmp_path}/no.sock"
     with pytest.raises(ConnectError, match="no such socket file"):
         if flavour == "sync":
-            UdsTransport(missing, header_bytes=16384, places=places).open("GET", HEALTH, timeout=1.0)
+            blocking = UdsTransport(missing, header_bytes=16384, places=places)
+            blocking.open("GET", HEALTH, timeout=1.0)
         else:
             transport = AsyncUdsTransport(missing, header_bytes=16384, places=places)
             asyncio.run(transport.open("GET", HEALTH, timeout=1.0))
@@ -190,7 +198,10 @@ def test_a_connect_that_fails_gives_its_place_back(tmp_path: object, flavour: st
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
-def test_a_connection_made_ahead_takes_a_free_place_or_none_and_never_waits(server: FakeServer, flavour: str) -> None:
+def test_a_connection_made_ahead_takes_a_free_place_or_none_and_never_waits(
+    server: FakeServer,
+    flavour: str,
+) -> None:
     places = Places(1)
     blocking = UdsTransport(server.socket_path, header_bytes=16384, places=places)
     asyncio_transport = AsyncUdsTransport(server.socket_path, header_bytes=16384, places=places)
@@ -210,7 +221,9 @@ def test_a_connection_made_ahead_takes_a_free_place_or_none_and_never_waits(serv
     assert places.held == 0
 
 
-def test_both_flavours_of_a_container_share_one_count_below_the_proxys_max_conns(server: FakeServer) -> None:
+def test_both_flavours_of_a_container_share_one_count_below_the_proxys_max_conns(
+    server: FakeServer,
+) -> None:
     container = Container(config=parse_config({"socket": server.socket_path}))  # proxy defaults
     places = container.places()
 
@@ -220,7 +233,11 @@ def test_both_flavours_of_a_container_share_one_count_below_the_proxys_max_conns
 
 
 @pytest.mark.parametrize("outcome", ["answer", "http error", "cancel"])
-def test_a_chat_gives_every_place_back_however_it_ends(server: FakeServer, client_kind: Kind, outcome: str) -> None:
+def test_a_chat_gives_every_place_back_however_it_ends(
+    server: FakeServer,
+    client_kind: Kind,
+    outcome: str,
+) -> None:
     if outcome == "answer":
         server.route(*CHAT, sse_reply(ANSWER))
     elif outcome == "http error":

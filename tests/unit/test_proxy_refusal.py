@@ -45,9 +45,9 @@ def test_a_refusal_is_retried_after_its_own_wait_not_the_schedules_delay() -> No
 
 
 def test_a_refusals_wait_is_jittered_upwards_only() -> None:
-    waits = {
-        policy(jitter=0.25, rng=random.Random(seed)).decide(1, ProxyRefused("x", 0.5), 0).after_ms for seed in range(50)
-    }
+    refused = ProxyRefused("x", 0.5)
+    policies = [policy(jitter=0.25, rng=random.Random(seed)) for seed in range(50)]
+    waits = {p.decide(1, refused, 0).after_ms for p in policies}
 
     assert min(waits) >= 500 and max(waits) <= 625
     assert len(waits) > 10, "jittered, so that clients refused together do not come back in step"
@@ -70,7 +70,8 @@ def test_a_refusal_is_a_stream_closed_early_so_nothing_that_catches_that_changes
 
     assert isinstance(refused, StreamClosedEarly) and refused.retried
     assert refused.retry_after_s == 0.5
-    assert StreamClosedEarly("cut").retry_after_s is None and ConnectError("x").retry_after_s is None
+    assert StreamClosedEarly("cut").retry_after_s is None
+    assert ConnectError("x").retry_after_s is None
 
 
 # -- what the exchange takes for a refusal ----------------------------------------------------

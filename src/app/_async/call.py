@@ -258,7 +258,7 @@ class AsyncLlamaCalls:
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits, conversation = self._limits, self._ids.take()
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
-        open_chat = partial(self._transport.open, place_wait=limits.gate_wait_s)  # a place as a slot
+        open_chat = partial(self._transport.open, place_wait=limits.gate_wait_s)  # as for a slot
         exchange = await open_chat(
             "POST", CHAT_PATH, body, timeout=limits.poll_ms / 1000.0, cancel=token, headers=headers, link=link
         )
