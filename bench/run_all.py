@@ -31,6 +31,7 @@ SUITES = [
     ("the cache prediction: its cost per turn and its error against the server's cache_n", "cache_bench"),
     ("more sessions than slots: reuse and first token, slot= vs sessions", "sessions_bench"),
     ("cancel latency per phase, cancel() to return", "cancel_bench"),
+    ("4 and 8 sessions through a default proxy: refusals, retries", "sessions_conns_bench"),
 ]
 
 

@@ -57,7 +57,7 @@ LIMITS = dict.fromkeys(TIMED, 5000)
 RETRY = {"attempts": 4, "delays_ms": [50, 80, 120], "jitter": 0.0, "total_ms": 1000}
 # No inferproxy stands before the fake server: its accept limit is not the client's to keep here
 # (tests of the budget itself set their own).
-NO_PROXY_LIMIT = {"burst": 1_000_000, "rate": 1_000_000}
+NO_PROXY_LIMIT = {"burst": 1_000_000, "rate": 1_000_000, "max_conns": 1024}
 
 
 def config_for(

@@ -187,6 +187,9 @@ class Proxy(_Section):
     # inside it (`domain.connect_budget`), so that the proxy never refuses one of ours.
     burst: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 10
     rate: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1_000_000)] = 2.0
+    # Its `--max-conns`: the container's connections open at once stay one below it (its spare
+    # holds one), a connect past that waiting locally for a place (`domain.conn_places`).
+    max_conns: Annotated[StrictInt, Field(ge=1, le=1024)] = 8
 
 
 class Config(_Section):

@@ -14,6 +14,7 @@ from dependency_injector import containers, providers
 from adapters.system import AsyncSystemClock, SystemClock
 from adapters.uds_http._async.transport import AsyncUdsTransport
 from adapters.uds_http._sync.transport import UdsTransport
+from adapters.uds_http.places import Places
 from app._async.fetch import AsyncHttpSlotProbe
 from app._sync.fetch import HttpSlotProbe
 from app.async_client import AsyncClient
@@ -89,6 +90,10 @@ def connect_budget(config: Config) -> ConnectBudget:
     return ConnectBudget.of_proxy(config.proxy.burst, float(config.proxy.rate))
 
 
+def connection_places(config: Config) -> Places:
+    return Places.of_proxy(config.proxy.max_conns)
+
+
 def cache_settings(config: Config) -> CacheSettings:
     return CacheSettings(predict=config.cache.predict, loss_tokens=config.limits.cache_loss_tokens)
 
@@ -116,7 +121,8 @@ class Container(containers.DeclarativeContainer):
         given = overriding.get("config", Config)
         if given is not Config and not isinstance(given, (Config, providers.Provider)):
             raise TypeError(
-                f"config must be an app.config.Config (from load_config or parse_config), not {type(given).__name__}"
+                "config must be an app.config.Config (from load_config or parse_config),"
+                f" not {type(given).__name__}"
             )
         return super().__new__(cls, **overriding)
 
@@ -128,11 +134,14 @@ class Container(containers.DeclarativeContainer):
     rng = providers.ThreadSafeSingleton(random.Random)
     # One accept budget for every connect of both flavours: the proxy counts them all alike.
     budget = providers.ThreadSafeSingleton(connect_budget, config)
+    # One count of open connections for both flavours likewise: the proxy's concurrency limit.
+    places = providers.ThreadSafeSingleton(connection_places, config)
     transport = providers.ThreadSafeSingleton(
         UdsTransport,
         socket_path=config.provided.socket,
         header_bytes=config.provided.limits.header_bytes,
         budget=budget,
+        places=places,
     )
     probe = providers.ThreadSafeSingleton(
         HttpSlotProbe,
@@ -169,6 +178,7 @@ class Container(containers.DeclarativeContainer):
         socket_path=config.provided.socket,
         header_bytes=config.provided.limits.header_bytes,
         budget=budget,
+        places=places,
     )
     async_probe = providers.ThreadSafeSingleton(
         AsyncHttpSlotProbe,

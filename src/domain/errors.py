@@ -4,6 +4,7 @@
     ├── NetworkError                the connection or the stream broke            retried
     │   ├── ConnectError            the socket could not be reached
     │   └── StreamClosedEarly       the stream ended before its final chunk
+    │       └── ProxyRefused        refused by a proxy: after 1/rate s             retried
     ├── InferTimeout                a wait ran out
     │   ├── Stalled                 silence past the liveness limit                retried
     │   ├── LoadTimeout             unavailable or unresponsive past load_wait_ms  retried
@@ -20,7 +21,8 @@
         └── ClientClosed            the client was closed
 
 `error.retried` says whether `chat_with_retry` tries again after it (`domain.retry` asks only
-that); each class's docstring says what happened and what the caller should do. Adapters
+that, and waits `error.retry_after_s` when the error names a wait, its schedule's delay else);
+each class's docstring says what happened and what the caller should do. Adapters
 translate `OSError`, timeouts and malformed bytes into these at the edge.
 """
 
@@ -81,6 +83,7 @@ class InferError(Exception):
     makes another attempt after it (within the retry schedule and its total)."""
 
     retried: bool = False
+    retry_after_s: float | None = None  # a wait the failure itself asks for before the next attempt
 
 
 # -- the connection or the stream broke ------------------------------------------------------
@@ -101,6 +104,19 @@ class ConnectError(NetworkError):
 class StreamClosedEarly(NetworkError):
     """The connection ended before the final chunk. A cut after the response head is re-attached
     first (the events go on where they broke); the message says when a router unloaded the model."""
+
+
+class ProxyRefused(StreamClosedEarly):
+    """The connection was closed right after the connect was accepted, before any response
+    byte, with the request not yet written whole or just written: what inferproxy does to a
+    connection over its accept or connection limit (another process sharing the proxy spent
+    them), and what it does too when the server behind it is down (the bytes are the same).
+    Retried after `retry_after_s`, the proxy's refill time (1/rate s), not on the schedule's
+    delays; the attempts and the retry budget count it as any other."""
+
+    def __init__(self, message: str, retry_after_s: float = 0.5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 # -- a wait ran out ---------------------------------------------------------------------------
@@ -145,9 +161,9 @@ class ThinkingOverrun(AnswerError):
 
 class HttpError(AnswerError):
     """A non-200 answer; retried only when it is a 503 (loading). A 400 "exceeds the available
-    context size" means compact the prompt. `body` is what was sent, decoded as UTF-8 (a byte that is not becomes
-    U+FFFD), up to `limit` bytes of it (4 KiB by default), cut before a character the limit
-    would split (the caller may parse it)."""
+    context size" means compact the prompt. `body` is what was sent, decoded as UTF-8 (a byte
+    that is not becomes U+FFFD), up to `limit` bytes of it (4 KiB by default), cut before a
+    character the limit would split (the caller may parse it)."""
 
     def __init__(self, status: int, body: str | bytes, limit: int = ERROR_BODY_BYTES) -> None:
         raw = body.encode("utf-8", "replace") if isinstance(body, str) else body
@@ -178,7 +194,8 @@ class ModelNotLoaded(HttpError):
 
 
 def http_error(status: int, body: bytes, limit: int) -> HttpError:
-    """The error for a non-200 answer: `ModelNotLoaded` for a router's refusal to load, else `HttpError`."""
+    """The error for a non-200 answer: `ModelNotLoaded` for a router's refusal to load, else
+    `HttpError`."""
     if status == 400 and b"model is not loaded" in body:
         return ModelNotLoaded(status, body, limit)
     return HttpError(status, body, limit)

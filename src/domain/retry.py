@@ -20,6 +20,10 @@ Pinned where the brief is silent:
   says), with `u` uniform in `[-jitter, +jitter]`, never negative; the budget is checked against
   the jittered wait, the one actually slept.
 - If there are fewer delays than gaps between attempts, the last delay repeats.
+- An error that names its own wait (`InferError.retry_after_s`: a proxy's refusal, whose bucket
+  refills in 1/rate s) is retried after that wait, jittered upwards only (never before it has
+  passed), instead of the schedule's delay; it counts as an attempt, under the same total. A
+  refusal right after one is an outage, not a refusal: the schedule's delays from then on.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ _EPS_S = 1e-9
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
+
+
+# The refill time of inferproxy's accept bucket at its default rate (2 a second): the wait after
+# a refusal when the client knows no other rate.
+REFILL_S = 0.5
 
 
 def is_retryable(err: InferError) -> bool:
@@ -86,17 +95,24 @@ class RetryPolicy:
         if self.total_s <= 0:
             raise ValueError(f"total_s must be positive, not {self.total_s}")
 
-    def decide(self, attempt: int, error: InferError, elapsed_s: float) -> RetryDecision:
-        """Whether to retry after attempt number `attempt` (1-based) failed with `error`."""
+    def decide(
+        self, attempt: int, error: InferError, elapsed_s: float, *, asked: bool = True
+    ) -> RetryDecision:
+        """Whether to retry after attempt number `attempt` (1-based) failed with `error`; the
+        wait the error asks for (`retry_after_s`) is taken only if `asked`."""
         if attempt < 1:
             raise ValueError(f"attempt numbers start at 1, not {attempt}")
         if not is_retryable(error):
             return RetryDecision(False, reason=f"{type(error).__name__} is not retried")
         if attempt >= self.attempts:
             return RetryDecision(False, reason=f"all {self.attempts} attempts made")
-        delay = self.delays_s[min(attempt - 1, len(self.delays_s) - 1)]
-        factor = 1.0 + self.rng.uniform(-self.jitter, self.jitter)
-        after_s = max(0.0, round(delay * factor, 3))
+        if asked and error.retry_after_s is not None:
+            factor = 1.0 + self.rng.uniform(0.0, self.jitter)  # never sooner than asked
+            after_s = max(0.0, round(error.retry_after_s * factor, 3))
+        else:
+            delay = self.delays_s[min(attempt - 1, len(self.delays_s) - 1)]
+            factor = 1.0 + self.rng.uniform(-self.jitter, self.jitter)
+            after_s = max(0.0, round(delay * factor, 3))
         if elapsed_s + after_s >= self.total_s - _EPS_S:
             wait = f"a wait of {_ms(after_s)} after {_ms(elapsed_s)}"
             reason = f"{wait} would reach the {_ms(self.total_s)} retry budget"
@@ -115,18 +131,27 @@ class Attempts:
     """The attempts of one call under a `RetryPolicy`: which one runs (`number`, from 1) and when
     the call started (`started`, on the caller's clock). Re-sends and re-attaches count alike."""
 
-    __slots__ = ("number", "policy", "started")
+    __slots__ = ("asked", "number", "outage", "policy", "started")
 
     def __init__(self, policy: RetryPolicy, started: float) -> None:
         self.policy = policy
         self.started = started
         self.number = 1
+        self.asked = False  # the last retry waited what its error asked for (a refusal's refill)
+        self.outage = False  # a refusal came right after a refill: the schedule's waits from now
 
     def next(self, error: InferError, now: float) -> RetryDecision:
-        """The decision after the running attempt failed with `error`; a retry moves `number` on."""
-        decision = self.policy.decide(self.number, error, now - self.started)
+        """The decision after the running attempt failed with `error`; a retry moves `number` on.
+        A refusal right after the bucket's refill is no refusal a refill mends (a proxy whose
+        upstream is down closes alike): from then on the waits are the schedule's, as for an
+        outage."""
+        refused = error.retry_after_s is not None
+        self.outage = self.outage or (refused and self.asked)
+        asking = refused and not self.outage
+        decision = self.policy.decide(self.number, error, now - self.started, asked=asking)
         if decision.retry:
             self.number = decision.attempt
+            self.asked = asking
         return decision
 
     def waits_left_s(self, now: float) -> float:

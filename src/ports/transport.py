@@ -10,27 +10,41 @@ in-memory fake; both return the same exchange, over a socket or a script, see `p
   writing it takes over `timeout`. `cancel=signal` ties the exchange to the call's cancellation
   before the first byte is written: cancelling aborts it, and closing it unregisters.
 - `Transport.connect(timeout, cancel=None)` connects and sends nothing: a `Link`, which
-  `open(..., link=link)` sends its request on instead of connecting (the exchange owns it then;
-  `open` closes it on every failure, a malformed request's included). It raises as `open` would;
-  an unused `Link` is closed by its owner (`close()`: idempotent, never raises). Both connect or
-  fail at once, but a full accept backlog is waited out within `timeout`; `cancel` (or cancelling
-  the task) ends that wait with `ConnectError`.
-- `Exchange.what` names the request (`"GET /props"`); each error it raises begins with it.
-- `Exchange.head(timeout)` waits up to `timeout` seconds for the status line and headers: a
-  `ResponseHead` (the same at once on later calls), or `TIMED_OUT` if nothing complete came in
-  time (the exchange stays usable: poll elsewhere, call again). A head over its size cap, malformed,
-  or with both `Transfer-Encoding` and `Content-Length` raises `ProtocolError` (and keeps raising
-  it); EOF before its end raises `StreamClosedEarly`.
-- `Exchange.read(timeout)` returns the next piece of the de-framed body (chunked, content-length or
-  read-to-close), `b""` if and only if the body ended cleanly, or `TIMED_OUT` if no byte came in
-  `timeout` (the exchange stays usable; zero or less polls), waiting for the head first within it.
-  EOF before the body's end raises `StreamClosedEarly` saying where; bad framing, `ProtocolError`.
-  `app._async.fetch` reads a body wanted whole over these calls, under `domain.bodies`' limits.
-- `Exchange.close()` closes the connection (cancelling generation on the server); idempotent, it
-  never raises. After it, `head` (if the head had not come) and `read` raise `StreamClosedEarly`.
-- `Exchange.abort()` may be called from any thread while another is blocked in `head` or `read`:
-  it shuts the connection down so that call returns at once (raising `StreamClosedEarly`); it
-  never raises, and the owner still calls `close()`.
+  `open(..., link=link)` then sends its request on instead of connecting (the exchange owns it
+  from then on; `open` closes it on every failure, a malformed request's included). It raises
+  `ConnectError` as `open` would; a `Link` never used is closed by its owner (`close()`,
+  idempotent, never raises). Both connect at once or fail at once, but for a socket whose
+  accept backlog is full: that is waited out within `timeout` in either flavour, and `cancel`
+  (or cancelling the task) ends the wait with `ConnectError`.
+- A transport that keeps a proxy's connection limit makes a connect wait for a place (within
+  `timeout`, or `open(..., place_wait=)`, and `cancel` ends that wait with `ConnectError`), and
+  gives the place back when the connection closes; `connect` never waits for one: it takes a
+  place free at once, or raises `ConnectError`. A transport without such a limit ignores
+  `place_wait`.
+- `Transport.open(..., cancel=signal)` ties the exchange to a call's cancellation: cancelling
+  aborts it (even while the request is still being written), and closing it unregisters.
+- `Exchange.what` names the request (`"GET /props"`); every error the exchange raises starts
+  with it.
+- `Exchange.head(timeout)` waits up to `timeout` seconds for the status line and headers. It
+  returns a `ResponseHead`, or `TIMED_OUT` if nothing complete arrived in time; a timeout leaves
+  the exchange usable, so the caller may poll elsewhere and call `head` again. Once the head is
+  returned, later calls return the same head at once. A head over its size cap, or malformed,
+  or with both `Transfer-Encoding` and `Content-Length`, raises `ProtocolError` (and keeps
+  raising it); EOF before the head's end raises `StreamClosedEarly`.
+- `Exchange.read(timeout)` returns the next piece of the de-framed body (chunked, content-length
+  and read-to-close bodies are all handled), `b""` if and only if the body ended cleanly, or
+  `TIMED_OUT` if no byte arrived within `timeout` (the exchange stays usable). It waits for the
+  head first if need be, within the same `timeout`. EOF before the body's end raises
+  `StreamClosedEarly` saying where; malformed framing raises `ProtocolError`. The timeout may
+  differ on every call; zero or less polls.
+- A body wanted whole (not a stream, or an error body) is read over these calls by the call code
+  (`app._async.fetch`), under the rules of `domain.bodies`: one deadline and one size limit.
+- `Exchange.close()` closes the connection (cancelling generation on the server); it is
+  idempotent and never raises. After close, `head` (if the head had not come) and `read` raise
+  `StreamClosedEarly`.
+- `Exchange.abort()` may be called from any thread while another is blocked in `head` or
+  `read`: it shuts the connection down so that call returns at once (raising
+  `StreamClosedEarly`); it never raises, and the owner still calls `close()`.
 - No `OSError` escapes: every socket failure is mapped to a `domain.errors.InferError`.
 
 `AsyncTransport` and `AsyncExchange` are the same contract for asyncio: `open`, `head` and `read`
@@ -121,6 +135,7 @@ class Transport(Protocol):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> Exchange: ...
 
 
@@ -152,4 +167,5 @@ class AsyncTransport(Protocol):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> AsyncExchange: ...

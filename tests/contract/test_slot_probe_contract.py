@@ -213,7 +213,8 @@ def test_silence_is_unresponsive_within_the_probes_own_timeout(
 
 
 LOUD_FAULTS: dict[str, tuple[RouteItem, str]] = {
-    "a cut before the head": (Raw((), End.CLOSE), "slot 0: /slots probe failed (StreamClosedEarly: "),
+    # At once: what a proxy does to a connection it refuses (`ProxyRefused`, a `StreamClosedEarly`).
+    "a cut before the head": (Raw((), End.CLOSE), "slot 0: /slots probe failed (ProxyRefused: "),
     "a cut inside the body": (
         Reply(headers=[("Content-Length", "100")], pieces=[Piece(0, b"[")]),
         "slot 0: /slots probe failed (StreamClosedEarly: ",

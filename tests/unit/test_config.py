@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.config import Config, ConfigError, load_config, parse_config
+from app.container import Container
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "config.toml"
 
@@ -169,3 +170,18 @@ def test_an_integer_with_no_repr_is_named_by_its_key() -> None:
     assert str(caught.value) == (
         "config: limits.poll_ms: Input should be less than or equal to 604800000 (got <int with no repr>)"
     )
+
+
+def test_proxy_max_conns_is_the_proxys_default_and_bounded() -> None:
+    assert parse_config({"socket": "/run/x.sock"}).proxy.max_conns == 8
+    assert parse_config({"socket": "/run/x.sock", "proxy": {"max_conns": 2}}).proxy.max_conns == 2
+    for bad in (0, 1025, 2.5, True):
+        with pytest.raises(ConfigError, match=r"proxy\.max_conns"):
+            parse_config({"socket": "/run/x.sock", "proxy": {"max_conns": bad}})
+
+
+def test_the_container_keeps_one_connection_below_the_proxys_max_conns() -> None:
+    container = Container(config=parse_config({"socket": "/run/x.sock", "proxy": {"max_conns": 4}}))
+    places = container.places()
+    held = [places.take_now() for _ in range(4)]  # kept: a place dropped is given back
+    assert [place is not None for place in held] == [True, True, True, False]

@@ -198,6 +198,7 @@ class ScriptedTransport:
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> ScriptedExchange:
         request, stream = self._render(method, path, body, headers, link)
         return send(
@@ -281,6 +282,7 @@ class AsyncScriptedTransport(ScriptedTransport):
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> AsyncHttpExchange:
         request, scripted = self._render(method, path, body, headers, link)
         return await send_async(

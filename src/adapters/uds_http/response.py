@@ -36,7 +36,7 @@ from typing import TypeVar
 import h11
 
 from adapters.uds_http.body import BodyReader, ChunkedBody, EmptyBody, LengthBody
-from domain.errors import ProtocolError, Stalled, StreamClosedEarly
+from domain.errors import ProtocolError, ProxyRefused, Stalled, StreamClosedEarly
 from domain.llama_api import shown_target
 from ports.transport import Link, ResponseHead
 
@@ -284,6 +284,21 @@ class ResponseParser:
             )
         return StreamClosedEarly(f"{self.what}: connection failed {self.where()} ({reason(exc)})")
 
+    @property
+    def untouched(self) -> bool:
+        """Whether no response byte has come (an EOF may have)."""
+        return self.body is None and self._fed == 0
+
+    def refused(self, exc: OSError | None, retry_after_s: float) -> ProxyRefused:
+        """A close (`exc`: a reset) before any response byte, just after the request was written."""
+        how = "closed" if exc is None else "failed"
+        how += " before any response byte" + ("" if exc is None else f" ({reason(exc)})")
+        return ProxyRefused(
+            f"{self.what}: connection {how}, right after the request was written:"
+            f" {_REFUSED}; worth another try after {retry_after_s * 1000:.0f} ms",
+            retry_after_s,
+        )
+
     def closed(self) -> StreamClosedEarly:
         """What a call on an exchange its owner closed raises."""
         return StreamClosedEarly(f"{self.what}: exchange already closed")
@@ -356,14 +371,25 @@ _DOWN = (
 )
 
 
+_REFUSED = (
+    "a proxy refused it (inferproxy closes a connection over its accept rate or its connection"
+    " limit: another process shares it), or the server behind the socket is down or restarting"
+)
+
+
 def write_stalled(request: Request, peer: str, timeout: float) -> Stalled:
     return Stalled(f"{request.what}: writing the request to {peer} took over {timeout} s")
 
 
-def write_failed(request: Request, peer: str, exc: OSError) -> StreamClosedEarly:
-    return StreamClosedEarly(
+def write_failed(request: Request, peer: str, exc: OSError, retry_after_s: float) -> ProxyRefused:
+    """A connection closed (or reset) before the request was written whole, nothing answered:
+    nothing can have started, so it is a refusal (`ProxyRefused`)."""
+    after_ms = retry_after_s * 1000
+    return ProxyRefused(
         f"{request.what}: connection to {peer} closed while the request was written"
-        f" ({reason(exc)}), before any response byte: {_DOWN}"
+        f" ({reason(exc)}), before any response byte: {_REFUSED};"
+        f" worth another try after {after_ms:.0f} ms",
+        retry_after_s,
     )
 
 

@@ -5,8 +5,8 @@ exchange (`adapters.uds_http._async.exchange` and its generated blocking twin).
 (`ports.stream`) with the same signatures; only how they wait differs: a blocking socket with
 its timeout, or a non-blocking one on the event loop (a reader callback for readiness and
 `loop.sock_sendall`, which cost a half to a quarter of the CPU of asyncio streams per small
-chunk, see `bench/aio_read_bench.py`). `connect(path, timeout)` makes either, or raises `ConnectError`
-naming the socket path and what is wrong with it.
+chunk, see `bench/aio_read_bench.py`). `connect(path, timeout)` makes either, or raises
+`ConnectError` naming the socket path and what is wrong with it.
 
 Invariants:
 - The blocking socket's timeout is set only when a call's timeout differs from the last one, so a
@@ -17,6 +17,8 @@ Invariants:
   never keeps one task running for more than one read's worth of parsing.
 - A read that times out or is cancelled has taken no byte: it waits for the socket to be
   readable and only then reads, itself, so nothing received is ever dropped.
+- A stream made under `places` holds its place until `close()` (or until it is collected
+  unclosed): a connect that fails gives the place back before it raises.
 - `shutdown()` may come from any thread while another (or the loop) waits in `recv`: the wait
   ends (EOF) and the peer sees the close. `close()` is idempotent; neither raises.
 """
@@ -33,6 +35,7 @@ import weakref
 from collections.abc import Callable
 
 from adapters.system import sleep_unless_cancelled
+from adapters.uds_http.places import Place, Places
 from adapters.uds_http.response import reason
 from domain.connect_budget import ConnectBudget
 from domain.errors import ConnectError
@@ -58,13 +61,15 @@ _FIRST_PAUSE_S, _LAST_PAUSE_S = 0.001, 0.05
 
 
 class SocketStream:
-    """The `ByteStream` port over a connected blocking socket, which it owns."""
+    """The `ByteStream` port over a connected blocking socket, which it owns, and the place it
+    holds under the proxy's concurrency limit (`Places`), if any, given back at `close`."""
 
-    __slots__ = ("_sock", "_timeout")
+    __slots__ = ("_place", "_sock", "_timeout")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, place: Place | None = None) -> None:
         self._sock = sock
         self._timeout: float | None = None
+        self._place = place
 
     @classmethod
     def connect(
@@ -74,23 +79,32 @@ class SocketStream:
         cancel: CancelSignal | None = None,
         ahead: SocketAhead | None = None,
         budget: ConnectBudget | None = None,
+        places: Places | None = None,
+        *,
+        at_once: bool = False,
     ) -> SocketStream:
         """A Unix socket connects at once or fails at once, but for a full accept backlog: that
         is waited out within the limit (`BacklogWait`), and `cancel` ends the wait. The first
-        attempt takes the socket made `ahead`, if there is one. Under a `budget`, the connect
-        first waits for its turn (`cancel` ends that wait too)."""
-        delay = 0.0 if budget is None else turn_in(budget, path)
-        if delay > 0.0 and sleep_unless_cancelled(delay, cancel):
-            raise ConnectError(
-                f"cannot connect to {path}: cancelled while waiting its turn under {budget}"
-            )
-        sock = BacklogWait.first(path, timeout, ahead)
-        if sock is None:  # the accept backlog is full: waited out
-            wait = BacklogWait(path, timeout, time.monotonic)
-            while (sock := wait.attempt()) is None:
-                if sleep_unless_cancelled(wait.pause(time.monotonic()), cancel):
-                    raise wait.cancelled()
-        stream = cls(sock)
+        attempt takes the socket made `ahead`, if there is one. Under `places`, the connect
+        first waits for a place (within `timeout`; `at_once`: only one free now, else
+        `ConnectError`); under a `budget`, then for its turn (`cancel` ends either wait)."""
+        place = None if places is None else places.take(timeout, cancel, path, at_once=at_once)
+        try:
+            delay = 0.0 if budget is None else turn_in(budget, path)
+            if delay > 0.0 and sleep_unless_cancelled(delay, cancel):
+                why = f"cancelled while waiting its turn under {budget}"
+                raise ConnectError(f"cannot connect to {path}: {why}")
+            sock = BacklogWait.first(path, timeout, ahead)
+            if sock is None:  # the accept backlog is full: waited out
+                wait = BacklogWait(path, timeout, time.monotonic)
+                while (sock := wait.attempt()) is None:
+                    if sleep_unless_cancelled(wait.pause(time.monotonic()), cancel):
+                        raise wait.cancelled()
+        except BaseException:
+            if place is not None:
+                place.release()
+            raise
+        stream = cls(sock, place)
         stream._timeout = 0.0  # connected non-blocking: a zero-timeout write sets nothing
         return stream
 
@@ -130,6 +144,8 @@ class SocketStream:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._place is not None:
+            self._place.release()
 
     def _settimeout(self, timeout: float) -> None:
         self._sock.settimeout(timeout)
@@ -140,11 +156,12 @@ class AsyncSocketStream:
     """The `AsyncByteStream` port over a connected socket, which it owns and makes non-blocking.
     Made and used inside one running event loop."""
 
-    __slots__ = ("_deadline", "_fd", "_loop", "_sock", "_timer", "_waiter", "_watching")
+    __slots__ = ("_deadline", "_fd", "_loop", "_place", "_sock", "_timer", "_waiter", "_watching")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, place: Place | None = None) -> None:
         sock.setblocking(False)
         self._sock = sock
+        self._place = place
         self._fd = sock.fileno()
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None  # the read waiting for readiness
@@ -160,19 +177,28 @@ class AsyncSocketStream:
         cancel: CancelSignal | None = None,
         ahead: SocketAhead | None = None,
         budget: ConnectBudget | None = None,
+        places: Places | None = None,
+        *,
+        at_once: bool = False,
     ) -> AsyncSocketStream:
         """`SocketStream.connect` on the loop: a full accept backlog is waited out within the
-        limit (`BacklogWait`), and a `budget`'s turn first; cancelling the task ends either
-        wait (`cancel` is the blocking flavour's way to, here the task's)."""
-        if budget is not None and (delay := turn_in(budget, path)) > 0.0:
-            await asyncio.sleep(delay)
-        sock = BacklogWait.first(path, timeout, ahead)
-        if sock is None:  # the accept backlog is full: waited out
-            loop = asyncio.get_running_loop()
-            wait = BacklogWait(path, timeout, loop.time)
-            while (sock := wait.attempt()) is None:
-                await asyncio.sleep(wait.pause(loop.time()))
-        return cls(sock)
+        limit (`BacklogWait`), a place and a `budget`'s turn first; cancelling the task ends
+        each wait (`cancel` is the blocking flavour's way to, here the task's)."""
+        place = None if places is None else await places.take_async(timeout, path, at_once=at_once)
+        try:
+            if budget is not None and (delay := turn_in(budget, path)) > 0.0:
+                await asyncio.sleep(delay)
+            sock = BacklogWait.first(path, timeout, ahead)
+            if sock is None:  # the accept backlog is full: waited out
+                loop = asyncio.get_running_loop()
+                wait = BacklogWait(path, timeout, loop.time)
+                while (sock := wait.attempt()) is None:
+                    await asyncio.sleep(wait.pause(loop.time()))
+        except BaseException:
+            if place is not None:
+                place.release()
+            raise
+        return cls(sock, place)
 
     def send_now(self, data: bytes) -> int:
         try:
@@ -268,6 +294,8 @@ class AsyncSocketStream:
             self._loop.remove_writer(self._fd)
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._place is not None:
+            self._place.release()
 
 
 def turn_in(budget: ConnectBudget, path: str) -> float:
@@ -420,7 +448,8 @@ def connect_reason(exc: BaseException, limit: float, path: str | None = None) ->
     if isinstance(exc, ConnectionRefusedError):
         kind = _not_a_socket(path)
         if kind is not None:
-            return f"it is {kind}, not a socket (the config's socket must name the proxy's socket file)"
+            why = "the config's socket must name the proxy's socket file"
+            return f"it is {kind}, not a socket ({why})"
         return "connection refused (nobody is listening on the socket)"
     if isinstance(exc, PermissionError):
         return "permission denied"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from functools import partial
 from logging import DEBUG
 from typing import TypeVar
 
@@ -187,7 +188,8 @@ class AsyncLlamaCalls:
         token.raise_if_cancelled()  # a close() that began while we queued: nothing is sent
         limits, conversation, body = self._limits, self._ids.take(), c.body
         headers, link = ((CONVERSATION_HEADER, conversation),), flight.take_link()
-        exchange = await self._transport.open(
+        open_chat = partial(self._transport.open, place_wait=limits.busy_wait_s)  # as for a slot
+        exchange = await open_chat(
             "POST", CHAT_PATH, body, timeout=limits.poll_s, cancel=token, headers=headers, link=link
         )
         flight.exchange = exchange  # closed however the attempt ends

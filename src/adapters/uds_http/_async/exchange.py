@@ -18,6 +18,10 @@ Invariants:
   (`send(..., cancel=)`), so a cancel while a large request is written, or while the server reads
   it slowly, shuts the connection down at once. The first write never waits (`send_now`: the
   socket's buffer nearly always takes a request whole); only what it left waits, within the timeout.
+- A close (EOF or reset) before any response byte within `REFUSED_WITHIN_S` of the request's
+  last byte written, or while it was written, is a refusal (`ProxyRefused`, retried after the
+  proxy's refill time): what inferproxy does over its limits. Later, or after any response
+  byte, the server may have started on it: `StreamClosedEarly`.
 - One wait loop per purpose: the head's in `head`, the body's in `read`. `read` hands out each
   chunk as soon as it is buffered, as one `bytes`; the hot path is one `pull` on the body reader
   and, when it runs dry, one 64 KiB recv.
@@ -32,6 +36,7 @@ from typing import Final
 from adapters.uds_http.body import BodyReader
 from adapters.uds_http.response import Request, ResponseParser, write_failed, write_stalled
 from domain.errors import InferError, StreamClosedEarly
+from domain.retry import REFILL_S
 from ports.stream import AsyncByteStream
 from ports.transport import TIMED_OUT, CancelSignal, ResponseHead, TimedOut
 
@@ -42,6 +47,10 @@ RECV_BYTES: Final = 65536
 # server that sends a body in one-byte chunks packs 10,000 of them into one receive, and parsing
 # them all at once would hold an event loop for tens of milliseconds.
 PIECES_PER_PAUSE: Final = 64
+# How soon after the request's last byte a close with no response byte is still a refusal: the
+# proxy closes what it refuses as it accepts it, a few ms at most on a busy host; no server that
+# took a request closes it unanswered that soon but one that is down (the bytes are the same).
+REFUSED_WITHIN_S: Final = 0.25
 
 
 async def send(
@@ -52,13 +61,14 @@ async def send(
     now: Callable[[], float],
     peer: str,
     cancel: CancelSignal | None = None,
+    refill_s: float = REFILL_S,
 ) -> AsyncHttpExchange:
     """Write the whole request and return the exchange, which owns the stream from then on
     (closed on failure). `now` is the clock the waits are measured on; `peer` names the other
-    end in errors; `cancel` aborts the exchange when it fires, from the first byte written on.
-    Raises `Stalled` if writing takes longer than `timeout` and `StreamClosedEarly` if the
-    connection breaks (or is aborted) meanwhile."""
-    exchange = AsyncHttpExchange(stream, request, now)
+    end in errors; `cancel` aborts the exchange when it fires, from the first byte written on;
+    `refill_s` is the wait a refusal asks for (`ProxyRefused`). Raises `Stalled` if writing
+    takes longer than `timeout` and `ProxyRefused` if the connection breaks meanwhile."""
+    exchange = AsyncHttpExchange(stream, request, now, refill_s)
     if cancel is not None:
         exchange.watch(cancel)
     data = request.data
@@ -75,10 +85,11 @@ async def send(
         if await _answered_early(exchange):
             return exchange
         exchange.close()
-        raise write_failed(request, peer, exc) from exc
+        raise write_failed(request, peer, exc, refill_s) from exc
     except BaseException:
         exchange.close()
         raise
+    exchange.sent_at = now()
     return exchange
 
 
@@ -105,13 +116,23 @@ class AsyncHttpExchange:
         "_parser",
         "_pieces",
         "_recv_from",
+        "_refill_s",
         "_stream",
         "_unwatch",
+        "sent_at",
         "what",
     )
 
-    def __init__(self, stream: AsyncByteStream, request: Request, now: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        stream: AsyncByteStream,
+        request: Request,
+        now: Callable[[], float],
+        refill_s: float = REFILL_S,
+    ) -> None:
         self._stream = stream
+        self._refill_s = refill_s
+        self.sent_at: float | None = None  # when the request's last byte was written
         self._recv_from = stream.recv
         self._now = now
         self._parser = ResponseParser(request)
@@ -225,11 +246,23 @@ class AsyncHttpExchange:
         if self._parser.eof:  # pragma: no cover - the parsers end or raise at EOF
             raise self._parser.at_eof()
         try:
-            return await self._recv_from(RECV_BYTES, timeout)
+            data = await self._recv_from(RECV_BYTES, timeout)
         except OSError as exc:
             raise self._failure(exc) from exc
+        if not data and self._refused():
+            raise self._parser.refused(None, self._refill_s)
+        return data
 
     def _failure(self, exc: OSError) -> StreamClosedEarly:
         if self._closed:
             return self._parser.closed()
+        if self._refused():
+            return self._parser.refused(exc, self._refill_s)
         return self._parser.failure(exc)
+
+    def _refused(self) -> bool:
+        """Whether a close now, before any response byte, is a refusal (see the module)."""
+        sent = self.sent_at
+        if sent is None or not self._parser.untouched:
+            return False
+        return self._now() - sent <= REFUSED_WITHIN_S

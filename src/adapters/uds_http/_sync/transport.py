@@ -1,10 +1,11 @@
 # Generated from src/adapters/uds_http/_async/transport.py by scripts/unasync.py: do not edit.
 """HTTP/1.1 over a Unix socket, one request per connection: the real transport, written once.
 
-Written once: the asyncio flavour under `_async/` is the source of the blocking one under `_sync/`
-(`scripts/unasync.py`). The exchange is `adapters.uds_http._sync.exchange`, shared with the in-memory fake; this module
-adds the socket: connecting (`adapters.uds_http.sockets`, which names the socket path and what is
-wrong with it in every `ConnectError`) and the stream over it.
+Written once: the asyncio flavour under `_async/` is the source of the blocking one under
+`_sync/` (`scripts/unasync.py`). The exchange is `adapters.uds_http._sync.exchange`, shared
+with the in-memory fake; this module adds the socket: connecting (`adapters.uds_http.sockets`,
+which names the socket path and what is wrong with it in every `ConnectError`) and the stream
+over it.
 
 Invariants:
 - No `OSError` leaves this module: connect failures are `ConnectError` naming the socket path;
@@ -20,9 +21,11 @@ import socket
 import time
 
 from adapters.uds_http._sync.exchange import HttpExchange, send
+from adapters.uds_http.places import Places
 from adapters.uds_http.response import render, render_for
 from adapters.uds_http.sockets import SocketStream, SocketAhead
 from domain.connect_budget import ConnectBudget
+from domain.retry import REFILL_S
 from ports.transport import CancelSignal, Link
 
 __all__ = ["UdsTransport", "exchange_over"]
@@ -30,18 +33,28 @@ __all__ = ["UdsTransport", "exchange_over"]
 
 class UdsTransport:
     """Opens one connection per exchange to `socket_path` (nothing happens at construction),
-    each in its turn under `budget` (the proxy's accept limit) when one is given. Each request
-    written makes the socket of the next connect (`SocketAhead`), off its path."""
+    each in its turn under `budget` (the proxy's accept limit) and holding one of `places` (its
+    concurrency limit) while open, when they are given. Each request written makes the socket
+    of the next connect (`SocketAhead`), off its path."""
 
-    __slots__ = ("_ahead", "_budget", "_header_bytes", "socket_path")
+    __slots__ = ("_ahead", "_budget", "_header_bytes", "_places", "_refill_s", "socket_path")
 
     def __init__(
-        self, socket_path: str, *, header_bytes: int, budget: ConnectBudget | None = None
+        self,
+        socket_path: str,
+        *,
+        header_bytes: int,
+        budget: ConnectBudget | None = None,
+        places: Places | None = None,
     ) -> None:
         self.socket_path = socket_path
         self._header_bytes = header_bytes
         self._ahead = SocketAhead()
         self._budget = budget  # the proxy's accept limit, shared by every transport of a container
+        self._places = places  # the proxy's concurrency limit, shared likewise
+        # A refusal's wait: the time the client's budget (a little slower than the proxy's
+        # bucket) takes to refill a token.
+        self._refill_s = REFILL_S if budget is None else 1.0 / budget.limits.rate
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.socket_path!r})"
@@ -54,9 +67,11 @@ class UdsTransport:
     def connect(
         self, timeout: float, cancel: CancelSignal | None = None
     ) -> SocketStream:
-        """A connection to the socket, nothing sent: `open(..., link=)` sends on it."""
+        """A connection to the socket, nothing sent: `open(..., link=)` sends on it. Made ahead
+        of its request, it takes a place only if one is free now (else `ConnectError`): it must
+        never hold, or wait for, a place that a request of the same call needs first."""
         return SocketStream.connect(
-            self.socket_path, timeout, cancel, self._ahead, self._budget
+            self.socket_path, timeout, cancel, self._ahead, self._budget, self._places, at_once=True
         )
 
     def open(
@@ -69,10 +84,12 @@ class UdsTransport:
         cancel: CancelSignal | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         link: Link | None = None,
+        place_wait: float | None = None,
     ) -> HttpExchange:
         """Connect (or take `link`, a connection `connect` made), send the whole request (with
         the `headers` given besides its own) and return the exchange (aborted if `cancel`
-        fires, from the first byte written on).
+        fires, from the first byte written on). A connect waits for a place at most
+        `place_wait` s (None: `timeout`).
 
         Raises `ConnectError` if the socket cannot be reached, `StreamClosedEarly` if the
         connection breaks while the request is written and `Stalled` if writing it takes longer
@@ -82,8 +99,9 @@ class UdsTransport:
             link, SocketStream, self, method, path, body, self._header_bytes, headers
         )
         if stream is None:
+            wait = timeout if place_wait is None else place_wait
             stream = SocketStream.connect(
-                self.socket_path, timeout, cancel, self._ahead, self._budget
+                self.socket_path, wait, cancel, self._ahead, self._budget, self._places
             )
         exchange = send(
             stream,
@@ -92,6 +110,7 @@ class UdsTransport:
             now=time.monotonic,
             peer=self.socket_path,
             cancel=cancel,
+            refill_s=self._refill_s,
         )
         self._ahead.refill()  # the request is out: its answer is awaited next
         return exchange
