@@ -169,6 +169,8 @@ class AsyncLlamaCalls:
     async def _prepare(self, c: Chat) -> _Steps:
         """PREPARING: the cache prediction (a checkpoint restored), within the turn's wait."""
         loaded = c.machine.charged.loaded  # a second refusal skips the prediction
+        if c.req.session is not None or self.cache.wanted(c.machine.slot, c.req.session):
+            c.flight.close()  # what `_enter` saw changed at the gate: no place held through I/O
         left_s = c.machine.preparing_left_s(self._clock.now())
         ahead = await self.cache.before(c.req, c.body, c.token, loaded=loaded, restore_s=left_s)
         c.prediction, c.rendered = ahead.prediction, ahead.rendered
