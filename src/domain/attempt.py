@@ -22,13 +22,12 @@ The budgets: the time queued at the gate is charged to `busy_wait_ms`; a router'
 (`load_wait`) to `load_wait_ms` and, behind another model, `busy_wait_ms`; the preparation (the
 cache prediction, a checkpoint restored within what `load_wait_ms` has left) to whatever the
 first poll of the head wait sees, as the wait runs from the slot taken (`sent`). None resets
-another. The head wait is the
-`FirstByteWait` it builds, `liveness_ms` the `ChatStream`'s. One retry schedule
-(`domain.retry.Attempts`) is spent by re-attaches and re-sends alike:
+another. The head wait is the `FirstByteWait` it builds, `liveness_ms` the `ChatStream`'s. One
+retry schedule (`domain.retry.Attempts`) is spent by re-attaches and re-sends alike:
 - `cut_at`: the stream broke after its head: a re-attach from the bytes consumed, or raised.
 - `refused`: the server cannot give the rest of the stream: a re-send at once, or the cut raised.
 - `failed`: anything else: a re-send after the policy's wait, when the call may re-send
-  (`chat_with_retry`); a router that has not loaded the model before sending: LOADING (once).
+  (`chat_with_retry`, or a proxy's first refusal); a router without the model: LOADING (once).
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final, NoReturn
 
-from domain.errors import ConnectError, InferError, ModelNotLoaded, StreamClosedEarly
+from domain.errors import ConnectError, InferError, ModelNotLoaded, ProxyRefused, StreamClosedEarly
 from domain.events import Retrying
 from domain.limits import ClientLimits
 from domain.retry import Attempts
@@ -317,7 +316,9 @@ class AttemptMachine:
                 self.give_up(error)
             self.happened(Input.MODEL_NOT_LOADED)
             return None
-        if not self.resend:
+        # A proxy's refusal reached no server: even a call that sends once tries again, once.
+        refusal = isinstance(error, ProxyRefused) and not self.attempts.asked
+        if not (self.resend or refusal):
             self.give_up(error)
         decision = self.attempts.next(error, now)
         if not decision.retry:

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from adapters.fake_server import FakeServer, sse_reply
+from adapters.fake_server import FakeServer, json_reply, sse_reply
 from adapters.proxy.options import ProxyLimits
 from adapters.proxy.testing import LoopbackUpstream, RunningProxy, running_proxy
 from app.config import parse_config
 from app.container import Container
-from client_support import ANSWER, ANSWER_COMPLETION, CHAT, LIMITS, REQ, Kind
+from client_support import ANSWER, ANSWER_COMPLETION, CHAT, LIMITS, REQ, SLOTS, Kind
 from domain.events import ChatEvent, Retrying
 from domain.messages import ChatRequest
 
@@ -134,6 +134,29 @@ def test_a_refusal_is_retried_after_the_buckets_refill_time(
     assert retrying.error.startswith("ProxyRefused: ")
     assert took < 1.5
     assert len(refusals(proxy)) == 1 and "accept rate limit" in refusals(proxy)[0]
+
+
+def test_a_call_that_sends_once_still_tries_once_more_after_a_refusal(
+    server: FakeServer, tmp_path: Path, client_kind: Kind
+) -> None:
+    # A refusal reached no server: `chat` and the small calls wait the refill and try once more.
+    server.route(*CHAT, sse_reply(ANSWER))
+    server.route(*SLOTS, json_reply([{"id": 0, "is_processing": False}]))
+    limits = ProxyLimits(burst=1, rate=2.0)  # one token, back in 0.5 s
+    with proxied(server, tmp_path, limits) as proxy:
+        container = Container(config=config(proxy, proxy={"burst": 1, "rate": 2}))
+        client = client_kind.client_of(container)
+        for accepted, call in enumerate((lambda: client.chat(REQ), client.slots), start=1):
+            another_process = proxy.connect()  # spends the proxy's one token
+            another_process.close()
+            assert eventually(lambda n=accepted: proxy.proxy.accepted >= 2 * n - 1)
+            started = time.monotonic()
+
+            answer = call()
+
+            assert answer is not None
+            assert 0.5 <= time.monotonic() - started < 1.5, "the refill waited, then one more try"
+    assert len(refusals(proxy)) == 2
 
 
 def eventually(condition: Callable[[], bool], within_s: float = 2.0) -> bool:

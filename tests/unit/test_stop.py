@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.fake_server import FakeClock
-from app._sync.fetch import stop
+from app._sync.side_calls import stop
 from app.calls import CLOSING, StopBudget
 from app.config import parse_config
 from app.container import client_limits

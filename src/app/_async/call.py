@@ -24,11 +24,12 @@ from functools import partial
 from logging import DEBUG
 from typing import TypeVar
 
-from app._async.fetch import Refused, check_stream_head, named_cut, post_control, reattach, stop
+from app._async.fetch import check_stream_head
 from app._async.flight import Chat
 from app._async.gate_wait import holding, queued
 from app._async.info import AsyncServerInfo
 from app._async.prompt_cache import AsyncPromptCache
+from app._async.side_calls import Refused, named_cut, post_control, reattach, stop
 from app.call_log import log_resent_at_once, log_retry
 from app.calls import AsyncUncut
 from app.conversation_ids import ConversationIds

@@ -7,8 +7,6 @@ then the body (or an error body) within `body_wait_s` more, in all, however it t
 `HttpError(status, body)` with as much of the body as came within the deadline, up to
 `error_body_bytes`. The connection is always closed before returning or raising.
 
-`reattach` asks for the rest of a chat's stream (`GET /v1/stream`) on a connection of its own.
-
 `AsyncHttpSlotProbe` is the `AsyncSlotProbe` port over any transport: `GET /slots` on a
 connection of its own under `ClientLimits.probe()`. A server that took the connection and then
 sent no whole answer within those limits (`Stalled`: no head, or a body that stopped) is
@@ -23,44 +21,37 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
-from app._async.flight import Flight
-from app.calls import CLOSING
 from domain.bodies import ErrorBody, FetchLimits, WholeBody, answered
-from domain.cancel import CancelToken
-from domain.errors import HttpError, InferError, ModelNotLoaded, Stalled, http_error, loggable
+from domain.errors import (
+    HttpError,
+    InferError,
+    ModelNotLoaded,
+    ProxyRefused,
+    Stalled,
+    http_error,
+    loggable,
+)
 from domain.limits import ClientLimits
 from domain.llama_api import (
-    CONTROL_PATH,
     MODELS_PATH,
-    REATTACH_REFUSED,
     SLOTS_PATH,
-    STREAM_PATH,
-    control_refusal,
     not_a_stream,
-    reattach_later,
-    reattach_path,
     slot_state,
     with_model,
 )
-from domain.router_api import model_state, model_status, refused_state, unloaded_cut
+from domain.router_api import model_state, refused_state
 from ports.clock import AsyncClock
 from ports.slot_probe import SlotState
-from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, ResponseHead, TimedOut
+from ports.transport import AsyncExchange, AsyncTransport, CancelSignal, ResponseHead
 
 __all__ = [
     "AsyncHttpSlotProbe",
-    "Refused",
     "check_stream_head",
     "error_body",
     "fetch",
     "read_all",
-    "reattach",
     "refuse",
-    "stop",
 ]
-
-# How often, and how far apart, a cut on a router asks `/models` whether the model is still loaded.
-_UNLOAD_LOOKS, _UNLOAD_LOOK_S = 4, 0.1
 
 log = logging.getLogger("inferpath.probe")
 client_log = logging.getLogger("inferpath.client")
@@ -76,7 +67,24 @@ async def fetch(
     cancel: CancelSignal | None = None,
 ) -> bytes:
     """The body of a 200 answer to `method path`; see the module for the rule. `cancel` aborts
-    the connection when the call is cancelled."""
+    the connection when the call is cancelled. A proxy's refusal reached no server: it is
+    tried again once, after the proxy's refill time."""
+    try:
+        return await _fetch(transport, clock, method, path, body, limits, cancel)
+    except ProxyRefused as refused:
+        await clock.sleep(refused.retry_after_s or 0.0, cancel)
+        return await _fetch(transport, clock, method, path, body, limits, cancel)
+
+
+async def _fetch(
+    transport: AsyncTransport,
+    clock: AsyncClock,
+    method: str,
+    path: str,
+    body: bytes | None,
+    limits: FetchLimits,
+    cancel: CancelSignal | None,
+) -> bytes:
     exchange = await transport.open(method, path, body, timeout=limits.head_wait_s, cancel=cancel)
     try:
         head = answered(await exchange.head(limits.head_wait_s), method, path, limits)
@@ -87,127 +95,6 @@ async def fetch(
         return await read_all(exchange, clock, limits.body_bytes, max(deadline - clock.now(), 0.0))
     finally:
         exchange.close()
-
-
-async def stop(
-    transport: AsyncTransport, clock: AsyncClock, path: str, limits: ClientLimits
-) -> None:
-    """`DELETE path` within `limits.stop_wait_s` in all (of what a close under way left the stops
-    it makes one after another, if it is one of them): connected, written, and its answer's head
-    awaited for what is left (its body is not read); a failure or a refusal is logged, never
-    raised."""
-    budget, started = CLOSING.get(), clock.now()
-    wait_s = limits.stop_wait_s(None if budget is None else budget.left_s)
-    try:
-        await _stop(transport, clock, path, wait_s)
-    finally:
-        if budget is not None:
-            budget.spent(clock.now() - started)
-
-
-async def _stop(transport: AsyncTransport, clock: AsyncClock, path: str, wait_s: float) -> None:
-    deadline = clock.now() + wait_s
-    try:
-        exchange = await transport.open("DELETE", path, None, timeout=wait_s)
-        try:
-            head = await exchange.head(max(deadline - clock.now(), 0.0))
-        finally:
-            exchange.close()
-    except InferError as exc:
-        client_log.debug("stopping the generation: %s", loggable(exc))
-        return
-    if isinstance(head, TimedOut):
-        client_log.debug("stopping the generation: no answer within %.0f ms", wait_s * 1000)
-    elif head.status >= 300:
-        client_log.debug("stopping the generation: HTTP %d", head.status)
-
-
-async def named_cut(
-    transport: AsyncTransport,
-    clock: AsyncClock,
-    limits: FetchLimits,
-    model: str,
-    cut: InferError,
-    token: CancelToken,
-) -> InferError:
-    """A cut the server cannot mend (a refused re-attach, a clean end without the final chunk),
-    named for an unload when a router's `/models` says the model is gone (`unloaded_cut`); as
-    it is when `/models` cannot say. A router says "loaded" until the stopped model's server has
-    exited, a moment after it ended its streams: "loaded" is asked again a few times."""
-    status = None
-    for look in range(_UNLOAD_LOOKS):
-        if look:
-            await clock.sleep(_UNLOAD_LOOK_S, token)
-        try:
-            status = model_status(
-                await fetch(transport, clock, "GET", MODELS_PATH, None, limits, token), model
-            )
-        except InferError:
-            token.raise_if_cancelled()
-            return cut
-        if status != "loaded":
-            break
-    return unloaded_cut(cut, status)
-
-
-async def post_control(
-    transport: AsyncTransport,
-    clock: AsyncClock,
-    body: bytes,
-    limits: FetchLimits,
-    token: CancelToken,
-) -> str | None:
-    """POST the `reasoning_end` control call on a connection of its own: None on
-    `{"success": true}`, else why not (a refusal or a failure, in words)."""
-    try:
-        return control_refusal(
-            await fetch(transport, clock, "POST", CONTROL_PATH, body, limits, token)
-        )
-    except InferError as exc:
-        token.raise_if_cancelled()
-        return f"{type(exc).__name__}: {exc}"
-
-
-async def reattach(
-    transport: AsyncTransport,
-    clock: AsyncClock,
-    limits: ClientLimits,
-    flight: Flight,
-    token: CancelToken,
-) -> None:
-    """The rest of the flight's body from the bytes it consumed (a little before: read again,
-    and checked), on a new connection the flight reads on. `Refused`: 404, 400; a break
-    (`Stalled`, `StreamClosedEarly`, `ConnectError`): re-attached again later."""
-    stream, conversation = flight.stream, flight.conversation
-    assert stream is not None and conversation is not None
-    offset, tail = stream.replay(flight.consumed)  # `tail` read again, checked: the replay's start
-    wait, path = limits.reattach_wait_s, reattach_path(conversation, offset)
-    exchange = await transport.open("GET", path, None, timeout=wait, cancel=token)
-    try:
-        head = await exchange.head(wait)
-        if isinstance(head, TimedOut):
-            ms = wait * 1000
-            raise Stalled(f"GET {STREAM_PATH}: no answer to the re-attach within {ms:.0f} ms")
-        client_log.debug("re-attach from body byte %d: response head %d", offset, head.status)
-        if head.status in REATTACH_REFUSED:
-            raise Refused(head.status)
-        if (later := reattach_later(head.status)) is not None:  # a break: re-attached again later
-            raise later
-        await check_stream_head(exchange, head, clock, limits)
-    except BaseException:
-        exchange.close()
-        raise
-    flight.picked_up(exchange, offset)
-    stream.resumed(clock.now(), tail)
-
-
-class Refused(Exception):
-    """A re-attach the server cannot serve (404: it forgot the conversation or has no replay;
-    400: the offset left its ring). Never leaves the chat's driver (`app._async.call`)."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"re-attach refused with HTTP {status}")
-        self.status = status
 
 
 async def check_stream_head(

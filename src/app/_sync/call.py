@@ -25,11 +25,12 @@ from functools import partial
 from logging import DEBUG
 from typing import TypeVar
 
-from app._sync.fetch import Refused, check_stream_head, named_cut, post_control, reattach, stop
+from app._sync.fetch import check_stream_head
 from app._sync.flight import Chat
 from app._sync.gate_wait import holding, queued
 from app._sync.info import ServerInfo
 from app._sync.prompt_cache import PromptCache
+from app._sync.side_calls import Refused, named_cut, post_control, reattach, stop
 from app.call_log import log_resent_at_once, log_retry
 from app.calls import Uncut
 from app.conversation_ids import ConversationIds
