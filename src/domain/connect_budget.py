@@ -59,6 +59,13 @@ class ConnectBudget:
     def __repr__(self) -> str:
         return f"ConnectBudget(burst={self.limits.burst}, rate={self.limits.rate:g}/s)"
 
+    def emptied(self, now: float) -> None:
+        """The proxy refused a connect at `now`: its bucket is empty (another process sharing it
+        spent it), so every turn from now on comes at the proxy's rate, none from a burst."""
+        with self._lock:
+            empty = now + self._interval + self._tolerance  # the next turn: one interval on
+            self._next = empty if self._next is None else max(self._next, empty)
+
     def reserve(self, now: float, latest: float) -> float | None:
         """Book a turn to connect: the time it comes (at least `now`), or None, booking nothing,
         if it would come after `latest`."""

@@ -3,6 +3,7 @@ then turns at the rate, handed out in the order asked, never past the caller's l
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -80,3 +81,22 @@ def test_threads_that_ask_at_once_each_get_a_turn_of_their_own() -> None:
         thread.join(5.0)
 
     assert sorted(round(t, 6) for t in turns) == [round(n * 0.1, 6) for n in range(50)]
+
+
+def test_a_refusal_empties_the_budget_so_every_turn_after_it_comes_at_the_rate() -> None:
+    # The proxy refused: another process spent its bucket. A burst now would be refused too.
+    budget = ConnectBudget(burst=5, rate=2.0)
+    budget.emptied(10.0)
+
+    turns = [budget.reserve(10.0, math.inf) for _ in range(3)]
+
+    assert turns == [10.5, 11.0, 11.5]
+
+
+def test_a_refusal_never_moves_turns_already_booked_later_sooner() -> None:
+    budget = ConnectBudget(burst=1, rate=1.0)
+    booked = [budget.reserve(0.0, math.inf) for _ in range(4)]  # 0, 1, 2, 3
+    budget.emptied(0.5)
+
+    assert booked == [0.0, 1.0, 2.0, 3.0]
+    assert budget.reserve(0.5, math.inf) == 4.0

@@ -110,9 +110,15 @@ class AsyncUdsTransport:
             peer=self.socket_path,
             cancel=cancel,
             refill_s=self._refill_s,
+            refused=None if self._budget is None else self._emptied,
         )
         self._ahead.refill()  # the request is out: its answer is awaited next
         return exchange
+
+    def _emptied(self) -> None:
+        """A refusal: the proxy's bucket is empty, and the budget paces on from that."""
+        if self._budget is not None:
+            self._budget.emptied(time.monotonic())
 
 
 async def exchange_over(

@@ -63,13 +63,15 @@ def send(
     peer: str,
     cancel: CancelSignal | None = None,
     refill_s: float = REFILL_S,
+    refused: Callable[[], None] | None = None,
 ) -> HttpExchange:
     """Write the whole request and return the exchange, which owns the stream from then on
     (closed on failure). `now` is the clock the waits are measured on; `peer` names the other
     end in errors; `cancel` aborts the exchange when it fires, from the first byte written on;
-    `refill_s` is the wait a refusal asks for (`ProxyRefused`). Raises `Stalled` if writing
-    takes longer than `timeout` and `ProxyRefused` if the connection breaks meanwhile."""
-    exchange = HttpExchange(stream, request, now, refill_s)
+    `refill_s` is the wait a refusal asks for (`ProxyRefused`), `refused` is told of one.
+    Raises `Stalled` if writing takes longer than `timeout` and `ProxyRefused` if the
+    connection breaks meanwhile."""
+    exchange = HttpExchange(stream, request, now, refill_s, refused)
     if cancel is not None:
         exchange.watch(cancel)
     data = request.data
@@ -86,6 +88,8 @@ def send(
         if _answered_early(exchange):
             return exchange
         exchange.close()
+        if refused is not None:
+            refused()
         raise write_failed(request, peer, exc, refill_s) from exc
     except BaseException:
         exchange.close()
@@ -118,6 +122,7 @@ class HttpExchange:
         "_pieces",
         "_recv_from",
         "_refill_s",
+        "_refusal",
         "_stream",
         "_unwatch",
         "sent_at",
@@ -130,9 +135,11 @@ class HttpExchange:
         request: Request,
         now: Callable[[], float],
         refill_s: float = REFILL_S,
+        refused: Callable[[], None] | None = None,
     ) -> None:
         self._stream = stream
         self._refill_s = refill_s
+        self._refusal = refused
         self.sent_at: float | None = None  # when the request's last byte was written
         self._recv_from = stream.recv
         self._now = now
@@ -251,14 +258,19 @@ class HttpExchange:
         except OSError as exc:
             raise self._failure(exc) from exc
         if not data and self._refused():
-            raise self._parser.refused(None, self._refill_s)
+            raise self._refused_now(None)
         return data
+
+    def _refused_now(self, exc: OSError | None) -> StreamClosedEarly:
+        if self._refusal is not None:
+            self._refusal()
+        return self._parser.refused(exc, self._refill_s)
 
     def _failure(self, exc: OSError) -> StreamClosedEarly:
         if self._closed:
             return self._parser.closed()
         if self._refused():
-            return self._parser.refused(exc, self._refill_s)
+            return self._refused_now(exc)
         return self._parser.failure(exc)
 
     def _refused(self) -> bool:
