@@ -100,7 +100,8 @@ class AsyncClient:
 
         `on_event` (optional) is called with every event as it comes, on the caller's thread;
         `cancel` ends the call from anywhere. A stream cut after its head is still re-attached
-        (the events go on where they broke); nothing else is tried twice.
+        (the events go on where they broke), and a proxy's refusal, which reached no server, is
+        tried once more after the proxy's refill time; nothing else is tried twice.
 
         Raises (every one an `InferError`, drawn as a tree in `domain.errors`):
         `RequestError` for a request that must not be sent, before anything is;
