@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
+import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -20,12 +22,14 @@ from test_through_proxy import SAMPLING
 
 from app.config import parse_config
 from app.container import Container
+from client_support import Kind
 from domain.completion import Completion
 from domain.events import ChatEvent, Retrying
 from domain.messages import AssistantMessage, ChatMessage, ChatRequest, UserMessage
 
 pytestmark = pytest.mark.device
 
+NEXT = UserMessage("Say a colour.")
 SESSIONS = 4
 TURNS = 3
 ASYNC_SESSIONS, ASYNC_TURNS = 8, 2  # the goal: eight at once through a default proxy
@@ -122,3 +126,30 @@ def check(
     assert len(done) == sessions * turns
     assert refused == [], "the proxy refused a connection of ours"
     assert [e for e in events if isinstance(e, Retrying)] == []
+
+
+def test_a_refusal_of_a_proxy_another_process_shares_is_tried_again_after_its_refill(
+    tools_server: llama.LlamaServer, client_kind: Kind, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Another process spends the proxy's one token: a connect of the turn's is refused, tried
+    # again after the refill time (not the 2 s of an outage), and the real server answers.
+    lines = io.StringIO()
+    upstream = f"{tools_server.host}:{tools_server.port}"
+    with ProxyProcess(upstream, extra_args=("--burst", "1", "--rate", "2"), echo=lines) as proxy:
+        config = {**config_on(proxy), "proxy": {"burst": 1, "rate": 2}}
+        client = client_kind.client_of(Container(config=parse_config(config)))
+        another_process = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        another_process.connect(proxy.socket_path)
+        another_process.close()
+        events: list[ChatEvent] = []
+        with caplog.at_level(logging.INFO, logger="inferpath.client"):
+            completion = client.chat(ChatRequest(slot=0, messages=[rules(), NEXT]), events.append)
+
+    assert completion.content
+    said = [r.getMessage() for r in caplog.records if "refused by the proxy" in r.getMessage()]
+    resent = [e for e in events if isinstance(e, Retrying) and e.error.startswith("ProxyRefused")]
+    assert said or resent, "a connect of ours was refused, and tried again"
+    assert all("tried again in 526 ms" in line for line in said), said
+    assert all(e.after_ms < 1000 for e in resent), "after the refill time, not an outage's 2 s"
+    refused = [line for line in lines.getvalue().splitlines() if "refused" in line]
+    assert refused and all("accept rate" in line for line in refused), refused

@@ -72,7 +72,14 @@ async def fetch(
     try:
         return await _fetch(transport, clock, method, path, body, limits, cancel)
     except ProxyRefused as refused:
-        await clock.sleep(refused.retry_after_s or 0.0, cancel)
+        wait_s = refused.retry_after_s or 0.0
+        client_log.info(
+            "%s %s: refused by the proxy; tried again in %.0f ms",
+            method,
+            path.split("?")[0],
+            wait_s * 1000,
+        )
+        await clock.sleep(wait_s, cancel)
         return await _fetch(transport, clock, method, path, body, limits, cancel)
 
 

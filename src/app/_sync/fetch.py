@@ -73,7 +73,14 @@ def fetch(
     try:
         return _fetch(transport, clock, method, path, body, limits, cancel)
     except ProxyRefused as refused:
-        clock.sleep(refused.retry_after_s or 0.0, cancel)
+        wait_s = refused.retry_after_s or 0.0
+        client_log.info(
+            "%s %s: refused by the proxy; tried again in %.0f ms",
+            method,
+            path.split("?")[0],
+            wait_s * 1000,
+        )
+        clock.sleep(wait_s, cancel)
         return _fetch(transport, clock, method, path, body, limits, cancel)
 
 
