@@ -1,7 +1,8 @@
-"""Sessions that outnumber the slots, against the real llama-server through inferproxy: four
-sessions of about 600 tokens take turns, round robin, on two slots, once as sessions (the client
-places them and moves them through their checkpoints) and once as today's `slot=` round robin
-(session n on slot n % 2), each on a fresh server with no prompt cache in RAM (`--cache-ram 0`).
+"""Sessions that outnumber the slots, against the real llama-server through inferproxy: six
+sessions of about 1,500 tokens take four turns each, round robin, on two slots, once as sessions
+(the client places them and moves them through their checkpoints) and once as today's `slot=`
+round robin (session n on slot n % 2), each on a fresh server with no prompt cache in RAM
+(`--cache-ram 0`).
 
 Per schedule: what a later turn reused of its session's previous prompt (`cache_n` against that
 prompt's tokens, median), its first token (the call to the first content) as a ratio of the
@@ -37,7 +38,7 @@ from domain.messages import (  # noqa: E402
     UserMessage,
 )
 
-SESSIONS = 4
+SESSIONS = 6
 # The proxy's accept limit lifted: a moved turn makes a few small requests (a save, a render, a
 # restore); the bench measures the cache, not the budget.
 LIFTED = ("--burst", "10000", "--rate", "10000")
@@ -56,9 +57,10 @@ def client_on(socket_path: str) -> Client:
 
 
 def rules(tag: str) -> SystemMessage:
-    """About 600 tokens of rules, the session's own from its first token."""
+    """About 1,300 tokens of rules, the session's own from its first token: with its turns, a
+    history of about 1,500 tokens."""
     lines = [_rule(i, colour, size) for i, (colour, size) in enumerate(_pairs(), 1)]
-    return SystemMessage(f"Session {tag}.\n" + "\n".join(lines * 2))
+    return SystemMessage(f"Session {tag}.\n" + "\n".join(lines * 4))
 
 
 def _rule(i: int, colour: str, size: str) -> str:
@@ -157,7 +159,7 @@ def schedule(folder: Path, *, sessions: bool, turns: int) -> Schedule:
 
 
 def run(quick: bool = False) -> list[tuple[str, str]]:
-    turns = 2 if quick else 3
+    turns = 2 if quick else 4
     folder = Path(tempfile.mkdtemp(prefix="inferpath-sessions-bench-"))
     pinned = schedule(folder / "slots", sessions=False, turns=turns)
     placed = schedule(folder / "sessions", sessions=True, turns=turns)
