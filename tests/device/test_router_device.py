@@ -120,9 +120,9 @@ def test_a_checkpoint_brings_a_session_back_after_the_other_model_took_its_place
     client = client_on(proxy, client_kind, llama.ROUTER_TOOLS, cache_loss_tokens=LOSS)
     rules = long_rules()
     cold, _, cold_s = turn(client, [rules, ASK])
-    assert cold.timings.total >= 3000, cold.timings
+    assert cold.timings.total >= 2900, cold.timings  # about 3,000: the tag tokenizes variously
     checkpoint = client.save_slot(0)
-    assert checkpoint is not None and checkpoint.tokens >= 3000
+    assert checkpoint is not None and checkpoint.tokens >= 2900
     swap_to(router_server, llama.ROUTER_THINKING)  # another daemon's model: ours unloaded
 
     warm, events, warm_s = turn(client, [rules, ASK, answer(cold), NEXT])
