@@ -36,6 +36,7 @@ from domain.llama_api import (
     MODELS_PATH,
     SLOTS_PATH,
     not_a_stream,
+    shown_target,
     slot_state,
     with_model,
 )
@@ -76,7 +77,7 @@ async def fetch(
         client_log.info(
             "%s %s: refused by the proxy; tried again in %.0f ms",
             method,
-            path.split("?")[0],
+            shown_target(path),
             wait_s * 1000,
         )
         await clock.sleep(wait_s, cancel)
