@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from adapters.proxy.options import ProxyLimits
+from adapters.proxy.pump import copy_bytes
 from adapters.proxy.testing import (
     LoopbackUpstream,
     ManualClock,
@@ -73,6 +74,60 @@ def test_the_ninth_connection_is_closed_at_once_while_eight_stay_open_and_workin
             for client in eight:
                 client.close()
     assert upstream.accepted == 9
+
+
+def test_a_place_whose_client_closed_is_free_for_the_next_before_its_threads_notice(tmp_path: Path) -> None:
+    # The connection's threads are held after the client's EOF, as a busy machine would hold
+    # them: the next client still finds the place free, and the old upstream sees its close.
+    noticed = threading.Event()
+
+    def slow_to_notice(src: socket.socket, dst: socket.socket) -> None:
+        copy_bytes(src, dst)
+        if src.family == socket.AF_UNIX:
+            noticed.wait(5)
+
+    with (
+        LoopbackUpstream(echo) as upstream,
+        running_proxy(
+            str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=10, rate=2), mover=slow_to_notice
+        ) as proxy,
+    ):
+        try:
+            for i in range(3):
+                with proxy.connect() as client:
+                    assert round_trip(client, b"turn %d" % i) == b"turn %d" % i
+                assert proxy.proxy.open_connections == 1  # its threads have not noticed
+            assert proxy.lines == []
+            # The two let go of for a newcomer were shut upstream; the last waits for its threads.
+            assert eventually(lambda: upstream.live == 1)
+        finally:
+            noticed.set()
+    assert upstream.accepted == 3
+
+
+def test_a_half_closed_client_keeps_its_place_while_its_answer_may_still_come(tmp_path: Path) -> None:
+    answered = threading.Event()
+
+    def answers_later(conn: socket.socket) -> None:
+        while conn.recv(1024):
+            pass
+        answered.wait(5)
+        conn.sendall(b"late")
+
+    with (
+        LoopbackUpstream(answers_later) as upstream,
+        running_proxy(str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=10, rate=2)) as proxy,
+        proxy.connect() as first,
+    ):
+        first.sendall(b"one")
+        first.shutdown(socket.SHUT_WR)  # done sending, still reading: the connection is not over
+        assert eventually(lambda: upstream.live == 1)
+        with proxy.connect() as second:
+            assert closed_at_once(second)
+        assert proxy.lines == [CONNS_FULL.replace("8 connections", "1 connections")]
+        answered.set()
+        first.settimeout(2)
+        assert first.recv(16) == b"late"
 
 
 def test_ten_connections_are_accepted_in_a_burst_and_then_about_two_per_second(tmp_path: Path) -> None:

@@ -177,6 +177,17 @@ class Connection:
             self._first_byte_by = first_byte_by
         return True
 
+    def client_gone(self) -> bool:
+        """Whether its client has closed its end (a hang-up, not a half-close), so the
+        connection is over but for its threads noticing; safe from any thread."""
+        with self._lock:
+            client = self._client
+            if client is None or self._closed:
+                return False
+            poller = select.poll()
+            poller.register(client, select.POLLIN)  # a hang-up is always reported
+            return any(events & select.POLLHUP for _fd, events in poller.poll(0))
+
     def forward_first(self) -> None:
         """After `take`, in the accepting thread: what the client has sent so far goes up the
         connection made ahead, if there is one the upstream has kept. Never blocks."""
