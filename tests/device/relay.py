@@ -8,18 +8,24 @@ reset the first chat stream after a given number of response bytes.
 Each accepted connection is forwarded to the server on a connection of its own, both ways, by
 two threads; the request line is read off the first bytes the client sends. The first connection
 whose request is a chat POST is cut with a TCP reset (SO_LINGER 0) once `reset_after` bytes of
-its response have been forwarded, on both sides.
+its response have been forwarded, on both sides. With `hold_at_content`, the first chat stream
+is held after the event that carries its first piece of content, until `released` is set: what
+the client does then (kill its proxy) cuts the stream however fast the server and slow the
+client, instead of racing the rest of the answer into the client's socket.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import struct
 import threading
 from types import TracebackType
 
 CHAT_LINE = b"POST /v1/chat/completions "
+FIRST_CONTENT = re.compile(rb'"content":"[^"]')
+HOLD_S = 60.0
 
 
 def _arm_reset(sock: socket.socket) -> None:
@@ -31,9 +37,12 @@ def _arm_reset(sock: socket.socket) -> None:
 
 
 class Relay:
-    def __init__(self, host: str, port: int, *, reset_after: int | None = None) -> None:
+    def __init__(self, host: str, port: int, *, reset_after: int | None = None, hold_at_content: bool = False) -> None:
         self.upstream = (host, port)
         self.reset_after = reset_after
+        self.hold_at_content = hold_at_content
+        self.held = False
+        self.released = threading.Event()
         self.requests: list[str] = []
         self.resets = 0
         self._lock = threading.Lock()
@@ -78,10 +87,14 @@ class Relay:
             cut = self.reset_after if first.startswith(CHAT_LINE) and self.resets == 0 else None
             if cut is not None:
                 self.resets = 1
+            hold = self.hold_at_content and first.startswith(CHAT_LINE) and not self.held
+            if hold:
+                self.held = True
         up.sendall(first)
         upward = threading.Thread(target=self._pump, args=(client, up), daemon=True)
         upward.start()
         sent = 0
+        seen = b""  # what came back, while a hold looks for the first content
         try:
             while True:
                 piece = up.recv(65536)
@@ -92,6 +105,13 @@ class Relay:
                     _arm_reset(client)
                     _arm_reset(up)
                     return  # the finally joins the other direction, then the closes reset
+                if hold:
+                    seen += piece
+                    if (found := FIRST_CONTENT.search(seen)) and (end := seen.find(b"\n\n", found.end())) >= 0:
+                        upto = end + 2 - (len(seen) - len(piece))
+                        client.sendall(piece[:upto])
+                        self.released.wait(HOLD_S)
+                        piece, hold = piece[upto:], False
                 client.sendall(piece)
                 sent += len(piece)
             with contextlib.suppress(OSError):

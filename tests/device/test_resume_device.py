@@ -91,6 +91,7 @@ def test_a_stream_reset_at_a_random_byte_is_re_attached_and_the_answer_is_exact(
 def test_a_stream_survives_its_proxy_being_killed_and_restarted_without_a_second_request(
     tools_server: llama.LlamaServer, relay: Relay, client_kind: Kind
 ) -> None:
+    relay.hold_at_content = True  # the stream waits at its first content for the kill
     with ProxyProcess(f"127.0.0.1:{relay.port}") as proxy:
         client = make_client(proxy.socket_path, max_tokens=200, kind=client_kind)
         req = ChatRequest(slot=0, messages=QUESTION)
@@ -102,6 +103,7 @@ def test_a_stream_survives_its_proxy_being_killed_and_restarted_without_a_second
             if isinstance(event, Content) and not killed:
                 killed.append(time.monotonic())
                 proxy.kill()  # SIGKILL mid-stream: the socket file is left stale
+                relay.released.set()  # the rest of the answer meets the dead proxy's connection
                 proxy.start()  # the new proxy removes the stale socket and listens again
 
         completion = client.chat_with_retry(req, on_event)

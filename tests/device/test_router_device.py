@@ -153,6 +153,7 @@ def relay(router_server: llama.LlamaServer) -> Iterator[Relay]:
 def test_a_stream_survives_its_proxy_being_killed_and_restarted_on_a_router(
     router_server: llama.LlamaServer, relay: Relay, client_kind: Kind
 ) -> None:
+    relay.hold_at_content = True  # the stream waits at its first content for the kill
     with ProxyProcess(f"127.0.0.1:{relay.port}") as proxy:
         client = make_client(proxy.socket_path, max_tokens=200, model=llama.ROUTER_TOOLS, kind=client_kind)
         req = ChatRequest(slot=0, messages=QUESTION)
@@ -163,6 +164,7 @@ def test_a_stream_survives_its_proxy_being_killed_and_restarted_on_a_router(
             if isinstance(event, Content) and not proxy_killed:
                 proxy_killed.append(True)
                 proxy.kill()  # SIGKILL mid-stream
+                relay.released.set()  # the rest of the answer meets the dead proxy's connection
                 proxy.start()
 
         proxy_killed: list[bool] = []
@@ -277,7 +279,9 @@ def test_a_chat_behind_another_models_answer_waits_as_behind_not_as_a_stuck_serv
     running.start()
     try:
         assert started.wait(60), "the other model's answer began"
-        client = client_on(proxy, client_kind, llama.ROUTER_TOOLS)
+        # Probes of 500 ms: a busy machine can keep the router from answering within 100 ms,
+        # which is a stuck server as far as the probe can tell.
+        client = client_on(proxy, client_kind, llama.ROUTER_TOOLS, poll_ms=500)
         events: list[Any] = []
         completion = client.chat(ChatRequest(slot=1, messages=[UserMessage("Say hi.")]), events.append)
     finally:
