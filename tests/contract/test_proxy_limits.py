@@ -76,33 +76,55 @@ def test_the_ninth_connection_is_closed_at_once_while_eight_stay_open_and_workin
     assert upstream.accepted == 9
 
 
-def test_a_place_whose_client_closed_is_free_for_the_next_before_its_threads_notice(tmp_path: Path) -> None:
-    # The connection's threads are held after the client's EOF, as a busy machine would hold
-    # them: the next client still finds the place free, and the old upstream sees its close.
-    noticed = threading.Event()
+def test_a_client_that_finds_a_connection_ending_gets_its_place_instead_of_a_refusal(tmp_path: Path) -> None:
+    # Each connection's threads are held after its client's close until the next client has
+    # been accepted, as a busy machine would hold them: that client still gets in, once they end.
+    stamp: list[RunningProxy] = []
+    done = threading.Event()
 
-    def slow_to_notice(src: socket.socket, dst: socket.socket) -> None:
+    def late_to_notice(src: socket.socket, dst: socket.socket) -> None:
+        seen = stamp[0].proxy.accepted
         copy_bytes(src, dst)
-        if src.family == socket.AF_UNIX:
-            noticed.wait(5)
+        if src.family == socket.AF_UNIX:  # (the last one: until the test is done)
+            eventually(lambda: stamp[0].proxy.accepted > seen or done.is_set())
 
     with (
         LoopbackUpstream(echo) as upstream,
         running_proxy(
-            str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=10, rate=2), mover=slow_to_notice
+            str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=10, rate=2), mover=late_to_notice
+        ) as proxy,
+    ):
+        stamp.append(proxy)
+        for i in range(3):
+            with proxy.connect() as client:
+                assert round_trip(client, b"turn %d" % i) == b"turn %d" % i
+        done.set()
+        assert proxy.lines == []
+    assert upstream.accepted == 3
+
+
+def test_a_connection_that_does_not_end_in_time_leaves_the_newcomer_refused(tmp_path: Path) -> None:
+    ended = threading.Event()
+
+    def never_notices(src: socket.socket, dst: socket.socket) -> None:
+        copy_bytes(src, dst)
+        if src.family == socket.AF_UNIX:
+            ended.wait(5)
+
+    with (
+        LoopbackUpstream(echo) as upstream,
+        running_proxy(
+            str(tmp_path / "p.sock"), upstream.address, ProxyLimits(max_conns=1, burst=10, rate=2), mover=never_notices
         ) as proxy,
     ):
         try:
-            for i in range(3):
-                with proxy.connect() as client:
-                    assert round_trip(client, b"turn %d" % i) == b"turn %d" % i
-                assert proxy.proxy.open_connections == 1  # its threads have not noticed
-            assert proxy.lines == []
-            # The two let go of for a newcomer were shut upstream; the last waits for its threads.
-            assert eventually(lambda: upstream.live == 1)
+            with proxy.connect() as first:
+                assert round_trip(first, b"one") == b"one"
+            with proxy.connect() as second:  # refused once the wait for the ending one is over
+                assert closed_at_once(second, within=1.0)
+            assert proxy.lines == [CONNS_FULL.replace("8 connections", "1 connections")]
         finally:
-            noticed.set()
-    assert upstream.accepted == 3
+            ended.set()
 
 
 def test_a_half_closed_client_keeps_its_place_while_its_answer_may_still_come(tmp_path: Path) -> None:

@@ -15,10 +15,11 @@ Invariants:
   Out of descriptors, accepting pauses briefly by leaving the listener out of the select, not by
   sleeping.
 - A connection counts against `max_conns` from accept (a spare: from when it is made) until both
-  its sockets are closed, or until its client has hung up and the accept loop has shut it: a
-  client is refused for a full house only after every connection whose client already closed
-  was let go, so the count never lags a client's close by its threads' scheduling. A client
-  that sends nothing gives its place back after `first_byte_timeout` (`Connection`).
+  its sockets are closed; a client that sends nothing gives its place back after
+  `first_byte_timeout` (`Connection`). A client that finds every place taken while one of them
+  is ending (its client has hung up; its threads deliver what is in flight, then close) waits
+  for that place, at most `ENDING_WAIT_S`, before it is refused: a client that closes and
+  connects again at once never meets its own old connection, however late its threads run.
 - One spare connection (its two threads started, its upstream connection made ahead, no client)
   waits for the next client, so an accept hands a client over instead of starting threads and
   connecting, and what the client has sent by then goes up at once (`Connection.forward_first`).
@@ -54,6 +55,7 @@ Log = Callable[[str], None]
 CONNECT_TIMEOUT_S = 5.0
 ACCEPT_BATCH = 64
 SPARE_AFTER_S = 0.002
+ENDING_WAIT_S = 0.1  # how long a client may wait for the place of a connection that is ending
 _JOIN_ON_STOP_S = 2.0
 _ACCEPT_PAUSE_S = 0.05
 # An accept that fails (out of descriptors) says so at most once a second, with how many failed
@@ -90,7 +92,6 @@ class Proxy:
         self._mover = mover if mover is not None else default_mover()
         self._addresses = fixed_addresses(upstream)
         self._open: set[Connection] = set()
-        self._ending: set[Connection] = set()  # let go of (client gone, shut), threads running
         self._spare: Connection | None = None
         self._taken: list[
             Connection
@@ -140,7 +141,7 @@ class Proxy:
         deadline = time.monotonic() + timeout
         with self._changed:
             if not self._changed.wait_for(
-                lambda: not self._open and not self._ending and not self._spare_due(), timeout
+                lambda: not self._open and not self._spare_due(), timeout
             ):
                 return False
             spare = self._spare
@@ -187,7 +188,7 @@ class Proxy:
             self._log_fd = -1
             listener.close()
             with self._changed:
-                current = [*self._open, *self._ending]
+                current = list(self._open)
             for connection in current:
                 connection.abort()
             with self._changed:
@@ -284,10 +285,8 @@ class Proxy:
                 f"accept rate limit (burst {self._limits.burst}, refill {self._limits.rate:g}/s)",
             )
             return False
-        with self._changed:
-            full = len(self._open) >= self._limits.max_conns
-        if full:
-            self._let_go_of_hung_up()
+        if self.open_connections >= self._limits.max_conns:
+            self._wait_for_an_ending_one()
         with self._changed:  # one look at the state, on the way to the client's first bytes
             full = len(self._open) >= self._limits.max_conns
             connection = None
@@ -321,19 +320,16 @@ class Proxy:
                 self._spare_at = time.monotonic() + SPARE_AFTER_S
         return True
 
-    def _let_go_of_hung_up(self) -> None:
-        """Stop counting the connections whose client has closed: each is shut now (its upstream
-        sees the close at once, as it would from the connection's own threads) and ends as usual."""
+    def _wait_for_an_ending_one(self) -> None:
+        """Every place taken: if a connection's client has hung up, that connection is ending;
+        its place is waited for (`ENDING_WAIT_S` at most, a stop ends the wait)."""
         with self._changed:
             current = list(self._open)
-        gone = [connection for connection in current if connection.client_gone()]
-        for connection in gone:
-            connection.abort()
+        if not any(connection.client_gone() for connection in current):
+            return
+        limit = self._limits.max_conns
         with self._changed:
-            for connection in gone:
-                if connection in self._open:
-                    self._open.discard(connection)
-                    self._ending.add(connection)
+            self._changed.wait_for(lambda: len(self._open) < limit or self._stopping, ENDING_WAIT_S)
 
     def _spare_due(self) -> bool:
         return self._spare is None and self._spare_at is not None
@@ -406,7 +402,6 @@ class Proxy:
     def _finish(self, connection: Connection) -> None:
         with self._changed:
             self._open.discard(connection)
-            self._ending.discard(connection)
             self._finished.append(connection.thread)
             self._changed.notify_all()
             spare_waits = self._spare_due()
