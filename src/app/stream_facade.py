@@ -5,6 +5,7 @@ call's token, its completion, and how a loop over a stream closed from elsewhere
 from __future__ import annotations
 
 import inspect
+import types
 import weakref
 from collections.abc import Callable
 from typing import NoReturn
@@ -34,13 +35,16 @@ def check_sink(on_event: object) -> None:
     `RequestError` before anything is sent."""
     if not callable(on_event):
         raise RequestError(f"on_event must be callable, not {type(on_event).__name__}")
-    call = type(on_event).__call__
-    if any(
-        is_async(f)
-        for f in (on_event, call)
-        for is_async in (inspect.iscoroutinefunction, inspect.isasyncgenfunction)
-    ):
-        raise RequestError(_AWAITABLE_SINK)
+    kind: type = type(on_event)
+    # A function's or a method's own `__call__` is never async: only the callable is looked at.
+    for f in (on_event,) if kind in _PLAIN_CALLABLES else (on_event, kind.__call__):
+        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f):
+            raise RequestError(_AWAITABLE_SINK)
+
+
+_PLAIN_CALLABLES: frozenset[type] = frozenset(
+    (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+)
 
 
 _AWAITABLE_SINK = (

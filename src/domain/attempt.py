@@ -43,19 +43,15 @@ from domain.retry import Attempts
 from domain.waiting import Charged, FirstByteWait, WaitDecision
 from ports.slot_probe import SlotState
 
-__all__ = [
-    "ACTIONS",
-    "TRANSITIONS",
-    "Action",
-    "AttemptMachine",
-    "AttemptStateError",
-    "Input",
-    "Next",
-    "Phase",
-]
+__all__ = ["ACTIONS", "TRANSITIONS", "Action", "AttemptMachine", "AttemptStateError", "Input"]
+__all__ += ["Next", "Phase"]
 
 
-class Phase(enum.Enum):
+class _Member(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own is a Python call per lookup
+
+
+class Phase(_Member):
     QUEUED = "queued"  # at this client's slot gate
     PREPARING = "preparing"  # the slot held: the cache prediction, a checkpoint restored
     LOADING = "loading"  # a router loads the model the call needs before it is sent
@@ -68,7 +64,7 @@ class Phase(enum.Enum):
     FAILED = "failed"  # an error raised
 
 
-class Input(enum.Enum):
+class Input(_Member):
     """What the driver saw happen (or decided, for RETRY, REATTACH and RESEND)."""
 
     SLOT_FREE = "slot_free"
@@ -114,7 +110,7 @@ TRANSITIONS: Final[dict[tuple[Phase, Input], Phase]] = {
 }
 
 
-class Action(enum.Enum):
+class Action(_Member):
     """What the driver does in a phase, until the machine moves on."""
 
     ENTER = "enter"  # render the body (once), take the slot at the gate: Queued while queued

@@ -216,10 +216,25 @@ def render_for(
 class ResponseParser:
     """The response to `request` (see the module for the driving protocol)."""
 
-    __slots__ = ("_conn", "_fed", "_header_bytes", "_method", "body", "eof", "head", "what")
+    __slots__ = (
+        "_conn",
+        "_done",
+        "_fed",
+        "_header_bytes",
+        "_method",
+        "_request",
+        "body",
+        "eof",
+        "head",
+        "what",
+    )
 
     def __init__(self, request: Request) -> None:
-        self._conn: h11.Connection | None = request.connection()  # None once h11 has read the head
+        # h11's connection is made at the first bytes, not before the request is written: the
+        # time it takes then runs while the answer is on its way.
+        self._request = request
+        self._conn: h11.Connection | None = None
+        self._done = False  # h11 has read the head, or refused it
         self._method = request.method.upper()
         self._header_bytes = request.header_bytes
         self._fed = 0  # bytes received while reading the head
@@ -241,9 +256,7 @@ class ResponseParser:
             else:
                 body.eof()
             return
-        conn = self._conn
-        if conn is None:  # pragma: no cover - `next_head` refuses first
-            raise ProtocolError(f"{self.what}: response head already refused")
+        conn = self._conn if self._conn is not None else self._connection()
         self._fed += len(data)
         conn.receive_data(data)
 
@@ -251,9 +264,7 @@ class ResponseParser:
         """The status and headers once they are complete; None while more bytes are needed."""
         if self.head is not None:
             return self.head
-        conn = self._conn
-        if conn is None:  # the head was refused (too big, ambiguous framing): keep refusing it
-            raise ProtocolError(f"{self.what}: response head already refused")
+        conn = self._conn if self._conn is not None else self._connection()
         while True:
             try:
                 event = conn.next_event()
@@ -268,11 +279,17 @@ class ResponseParser:
                 raise ProtocolError(f"{self.what}: unexpected {kind} before the head")
             read = self._fed - len(conn.trailing_data[0])  # the 1xx heads count against the cap
             if read > self._header_bytes:
-                self._conn = None
+                self._conn, self._done = None, True
                 raise ProtocolError(
                     f"{self.what}: {read} bytes of informational (1xx) responses and no response"
                     f" head: over the {self._header_bytes}-byte limit"
                 )
+
+    def _connection(self) -> h11.Connection:
+        if self._done:  # the head was refused (too big, ambiguous framing): keep refusing it
+            raise ProtocolError(f"{self.what}: response head already refused")
+        self._conn = conn = self._request.connection()
+        return conn
 
     # -- the wording of failures ------------------------------------------------------------------
 
@@ -314,7 +331,7 @@ class ResponseParser:
     # -- the head -------------------------------------------------------------------------------
 
     def _take_head(self, conn: h11.Connection, event: h11.Response) -> ResponseHead:
-        self._conn = None  # h11 is done either way: the body is read by a body reader
+        self._conn, self._done = None, True  # h11 is done either way: a body reader reads on
         unread, closed = conn.trailing_data
         size = self._fed - len(unread)
         if size > self._header_bytes:  # h11 caps only a head still incomplete
