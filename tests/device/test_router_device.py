@@ -83,7 +83,8 @@ def test_info_calls_never_load_a_model_and_a_chat_loads_its_own_with_typed_waits
     router_server: llama.LlamaServer, proxy: ProxyProcess, client_kind: Kind
 ) -> None:
     swap_to(router_server, llama.ROUTER_THINKING)
-    client = client_on(proxy, client_kind, llama.ROUTER_TOOLS)
+    # Probes of 300 ms: a busy machine can keep the router from answering one within 100 ms.
+    client = client_on(proxy, client_kind, llama.ROUTER_TOOLS, poll_ms=300)
 
     for call in (client.props, client.slots, lambda: client.tokenize("hi")):
         with pytest.raises(ModelNotLoaded):

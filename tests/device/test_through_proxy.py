@@ -145,7 +145,9 @@ def test_runaway_thinking_is_capped_and_the_answer_completes(thinking_proxy: Pro
 
 def test_a_second_request_on_a_busy_slot_waits_and_then_completes(thinking_proxy: ProxyProcess) -> None:
     first_client = make_client(thinking_proxy.socket_path, max_tokens=120, limits={"thinking_cap": 4096})
-    second_client = make_client(thinking_proxy.socket_path, max_tokens=8, limits={"poll_ms": 100})
+    # Probes of 500 ms: a server busy generating, on a busy machine, can take over 100 ms to
+    # answer `/slots`, which the probe must take for a stuck server.
+    second_client = make_client(thinking_proxy.socket_path, max_tokens=8, limits={"poll_ms": 500})
     started = threading.Event()
     first_result: list[Completion | BaseException] = []
 
