@@ -106,7 +106,7 @@ class EventStream(Facade):
         try:
             while True:
                 try:
-                    event = self.__next__()
+                    event = self._next(threading.get_ident())  # (`__next__`, a call less)
                 except StopIteration:
                     return
                 except OneReader:
