@@ -43,8 +43,16 @@ from domain.retry import Attempts
 from domain.waiting import Charged, FirstByteWait, WaitDecision
 from ports.slot_probe import SlotState
 
-__all__ = ["ACTIONS", "TRANSITIONS", "Action", "AttemptMachine", "AttemptStateError", "Input"]
-__all__ += ["Next", "Phase"]
+__all__ = [
+    "ACTIONS",
+    "TRANSITIONS",
+    "Action",
+    "AttemptMachine",
+    "AttemptStateError",
+    "Input",
+    "Next",
+    "Phase",
+]
 
 
 class _Member(enum.Enum):
@@ -145,8 +153,7 @@ class AttemptStateError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Next:
-    """A retry decided: emit `event` (logged by the driver), wait `after_s`, then tell the
-    machine `then` (REATTACH or RESEND) and do it."""
+    """A retry decided: emit `event`, wait `after_s`, then tell the machine `then` and do it."""
 
     event: Retrying
     then: Input
@@ -268,9 +275,7 @@ class AttemptMachine:
         not connect is still the cut stream (`StreamClosedEarly`, retried alike)."""
         if isinstance(error, ConnectError):
             error = StreamClosedEarly(f"the stream could not be picked up again: {error}")
-        if (
-            self.cut is None
-        ):  # the break a re-attach mends: the failed re-attaches after it are not it
+        if self.cut is None:  # the break a re-attach mends, not the re-attaches failed after it
             self.cut = error
         decision = self.attempts.next(error, now)
         if not decision.retry:
@@ -292,8 +297,7 @@ class AttemptMachine:
         return _retrying(self.attempts.number, 0.0, cut, resend=True)
 
     def refused_cut(self) -> InferError:
-        """The break a refused re-attach would have mended (not a re-attach that failed after
-        it)."""
+        """The break a refused re-attach would have mended (not a re-attach failed after it)."""
         if self.cut is None:
             raise AttemptStateError(f"no cut to mend while {self.phase.value}")
         return self.cut

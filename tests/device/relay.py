@@ -37,10 +37,10 @@ def _arm_reset(sock: socket.socket) -> None:
 
 
 class Relay:
-    def __init__(self, host: str, port: int, *, reset_after: int | None = None, hold_at_content: bool = False) -> None:
+    def __init__(self, host: str, port: int, *, reset_after: int | None = None) -> None:
         self.upstream = (host, port)
         self.reset_after = reset_after
-        self.hold_at_content = hold_at_content
+        self.hold_at_content = False  # set before the chat: its stream is held (see the module)
         self.held = False
         self.released = threading.Event()
         self.requests: list[str] = []

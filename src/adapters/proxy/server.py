@@ -322,7 +322,8 @@ class Proxy:
 
     def _wait_for_an_ending_one(self) -> None:
         """Every place taken: if a connection's client has hung up, that connection is ending;
-        its place is waited for (`ENDING_WAIT_S` at most, a stop ends the wait)."""
+        its place is waited for, `ENDING_WAIT_S` at most (`stop` cannot wake this wait, being
+        signal-safe: it is seen when the wait ends)."""
         with self._changed:
             current = list(self._open)
         if not any(connection.client_gone() for connection in current):
