@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 
 from app.async_event_stream import AsyncEventStream
@@ -99,32 +99,43 @@ class EventStream(Facade):
 
     def __iter__(self) -> Generator[ChatEvent, None, None]:
         """The events; leaving the loop early (`break`) closes the call at once."""
+        with self._one_loop():
+            while True:
+                try:
+                    event = self._next(threading.get_ident())  # a generator may change threads
+                except StopIteration:
+                    return
+                yield event
+
+    def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
+        """Every event to `on_event`, then the completion: `chat`'s loop, with no generator of
+        its own on the way to each event. Left by an exception, it closes the call at once."""
+        with self._one_loop():
+            reader = threading.get_ident()  # one thread runs it through
+            while True:
+                try:
+                    event = self._next(reader)
+                except StopIteration:
+                    return self.completion
+                emit(on_event, event)
+
+    @contextlib.contextmanager
+    def _one_loop(self) -> Iterator[None]:
+        """A loop over the stream, the only one (`OneReader`); however it ends, the call is
+        ended, unless the loop was refused a step (another reads on)."""
         if self._looping:
             raise OneReader()
         self._looping += 1
         refused = False
         try:
-            while True:
-                try:
-                    event = self._next(threading.get_ident())  # (`__next__`, a call less)
-                except StopIteration:
-                    return
-                except OneReader:
-                    refused = True
-                    raise
-                yield event
+            yield
+        except OneReader:
+            refused = True
+            raise
         finally:
             self._looping -= 1
             if not refused:
                 self._end_here()
-
-    def run(self, on_event: Callable[[ChatEvent], None]) -> Completion:
-        """Every event to `on_event`, then the completion: `chat`'s loop. Left by an exception,
-        it closes the call at once (the loop's `finally`, not the collector's)."""
-        with contextlib.closing(iter(self)) as events:
-            for event in events:
-                emit(on_event, event)
-        return self.completion
 
     def __next__(self) -> ChatEvent:
         return self._next(threading.get_ident())

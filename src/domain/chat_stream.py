@@ -41,6 +41,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
@@ -117,6 +118,7 @@ class ChatStream:
         "_overlap",
         "_reasoning",
         "_stalled",
+        "timeout",
     )
 
     def __init__(
@@ -140,6 +142,9 @@ class ChatStream:
         )
         self._reasoning = False  # the last chunk that advanced was reasoning
         self._liveness = Liveness(limits.liveness_s, now)
+        # `timeout(now)`: seconds the next read may wait, the silence left before `Stalled`. The
+        # liveness's own, as it is asked once a read (a call less each time).
+        self.timeout: Callable[[float], float] = self._liveness.timeout
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False
         self._stalled = False
@@ -149,10 +154,6 @@ class ChatStream:
     @property
     def completion_id(self) -> str | None:
         return self._assembler.completion_id
-
-    def timeout(self, now: float) -> float:
-        """Seconds the next read may wait: the silence left before `Stalled`."""
-        return self._liveness.timeout(now)
 
     def silence(self, now: float) -> None:
         """A read brought nothing by `now`; raises `Stalled` once the silence reached the limit.
@@ -266,7 +267,11 @@ class ChatStream:
                         mark, ThinkingCapped(tokens=assembler.reasoning_tokens)
                     )  # the budget ended it
                 self._reasoning = assembler.in_reasoning
-                if assembler.reasoned and self._thinking(out):
+                if (
+                    assembler.reasoned
+                    and assembler.reasoning_tokens >= self._cap.acts_from
+                    and self._thinking(out)
+                ):
                     return True
                 if assembler.finished:
                     self._end(out, self._result())

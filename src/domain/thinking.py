@@ -51,6 +51,7 @@ class ThinkingCap:
         "_overrun",
         "_posted",
         "_trigger",
+        "acts_from",
         "capped",
         "capped_at",
     )
@@ -68,6 +69,9 @@ class ThinkingCap:
         self._posted = False  # `POST_REASONING_END` decided: the overrun counts from then
         self.capped = False
         self.capped_at = 0  # the reasoning token count when `POST_REASONING_END` was decided
+        # The fewest reasoning tokens at which `observe`, after a chunk with reasoning, answers
+        # anything but NONE: below it the caller need not ask (it is asked on most chunks).
+        self.acts_from = self._trigger
 
     def observe(self, reasoning_tokens: int, in_reasoning: bool) -> Action:
         """After a chunk; `in_reasoning` says whether it carried reasoning."""
@@ -79,10 +83,12 @@ class ThinkingCap:
             if reasoning_tokens >= self._trigger:
                 self._posted = self.capped = True
                 self.capped_at = reasoning_tokens
+                self.acts_from = reasoning_tokens + self._overrun + 1
                 return Action.POST_REASONING_END
             return Action.NONE
         if reasoning_tokens > self.capped_at + self._overrun:
             self._overran = True
+            self.acts_from = 0
             return Action.OVERRUN
         return Action.NONE
 
@@ -104,6 +110,7 @@ class ThinkingCap:
         """The answer to the `reasoning_end` call: anything but `success: true` is `OVERRUN`."""
         if success is not True:
             self._overran = True
+            self.acts_from = 0
             return Action.OVERRUN
         return Action.NONE
 

@@ -290,11 +290,12 @@ class Liveness:
 
     def timeout(self, now: float) -> float:
         """Seconds left until the silence is `Stalled` (0 once expired): the read timeout to use."""
-        return 0.0 if self.expired(now) else self._last + self._limit - now
+        left = self._last + self._limit - now  # (`expired`'s test, in line: a call per read)
+        return left if left > _EPS_S else 0.0
 
     def expired(self, now: float) -> bool:
         """Whether the silence has reached the limit (reaching it exactly counts)."""
-        return now - self._last >= self._limit - _EPS_S
+        return self._last + self._limit - now <= _EPS_S
 
     def error(self, now: float) -> Stalled:
         return Stalled(f"no data for {_ms(self.silence(now))} (liveness limit {_ms(self._limit)})")

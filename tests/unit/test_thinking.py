@@ -124,3 +124,34 @@ def test_a_cap_of_zero_is_refused_with_both_settings_named() -> None:
     with pytest.raises(ValueError) as caught:
         ThinkingCap(0, 5)
     assert str(caught.value) == "thinking cap 0 must be positive and overrun 5 not negative"
+
+
+def seen(counts: list[int], budget_sent: bool) -> ThinkingCap:
+    """A cap that has observed `counts` of chunks with reasoning."""
+    cap = ThinkingCap(10, 3, budget_sent=budget_sent)
+    for count in counts:
+        cap.observe(count, True)
+    return cap
+
+
+@pytest.mark.parametrize("budget_sent", [False, True])
+def test_acts_from_is_the_first_count_observe_answers_at(budget_sent: bool) -> None:
+    # The stream asks `observe` only from `acts_from` on: every count below it is NONE, at every
+    # stage of the cap's life, and the count at it is the post, then the overrun.
+    counts: list[int] = []
+    cap = seen(counts, budget_sent)
+    for expected in (POST, OVERRUN):
+        for below in range(counts[-1] if counts else 0, cap.acts_from):
+            assert seen(counts, budget_sent).observe(below, True) is NONE
+        at = cap.acts_from
+        assert cap.observe(at, True) is expected
+        counts.append(at)
+    assert counts == ([18, 22] if budget_sent else [10, 14])
+    assert cap.acts_from == 0 and cap.observe(0, True) is OVERRUN  # every chunk, from then on
+
+
+def test_a_refused_control_call_makes_every_later_chunk_act() -> None:
+    cap = ThinkingCap(10, 3)
+    assert cap.observe(10, True) is POST
+    cap.control_answer(False)
+    assert cap.acts_from == 0 and cap.observe(0, True) is OVERRUN

@@ -56,7 +56,6 @@ _PLAIN_NAMES = 32
 # The stand-in request of each method an h11 connection is given to read a response by.
 _STAND_IN_HEADERS = [("Host", "localhost"), ("Connection", "close")]
 _STAND_INS: dict[str, h11.Request] = {}
-_END = h11.EndOfMessage()
 
 
 class Request:
@@ -105,8 +104,7 @@ class Request:
             stand_in = h11.Request(method=self.method, target="/", headers=_STAND_IN_HEADERS)
             if len(_STAND_INS) < _PLAIN_NAMES:
                 _STAND_INS[self.method] = stand_in
-        conn.send(stand_in)
-        conn.send(_END)
+        conn.send(stand_in)  # (its end is not sent: h11 reads the answer all the same)
         return conn
 
 
@@ -340,8 +338,8 @@ class ResponseParser:
         if event.http_version not in (b"1.1", b"1.0"):
             version = event.http_version.decode()
             raise ProtocolError(f"{self.what}: unsupported HTTP version {version!r}")
-        fields = event.headers
-        headers = tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in fields)
+        fields = event.headers.raw_items()  # (a list: the headers' own walk is a call a field)
+        headers = tuple((n.lower().decode("ascii"), v.decode("latin-1")) for n, v in fields)
         head = ResponseHead(event.status_code, headers)
         self.body = self._body_reader(head, unread)
         self.head = head
