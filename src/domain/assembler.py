@@ -1,6 +1,6 @@
 """Folds the decoded chunks of one chat-completions stream into events and one `Completion`.
-Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed`, which returns its
-events; `result` gives the `Completion` once the final chunk (with a `finish_reason`) has been seen.
+Sans-IO: the caller decodes SSE and JSON and feeds each chunk (a dict) to `feed` (its events) or
+`feed_into` (appended to a list); `result` gives the `Completion` once the final chunk has come.
 
 Invariants:
 - A chunk's events come in order: `Progress` (its top-level `prompt_progress`), `Reasoning`,
@@ -44,11 +44,11 @@ from typing import Any
 
 from domain.completion import Completion, FinishReason, Timings
 from domain.errors import InferError, ProtocolError, StreamClosedEarly, shown, stream_error
-from domain.events import ChatEvent, Content, Progress, Reasoning
+from domain.events import ChatEvent, Content, EventList, Progress, Reasoning
 from domain.tool_calls import ToolCalls
 
 _FINISH = {reason.value: reason for reason in FinishReason}
-_NOTHING: tuple[ChatEvent, ...] = ()
+
 # Chunks that grow the answer, per token of `max_predicted` and in all besides (see the module).
 PIECES_PER_TOKEN = 4
 PIECES_SLACK = 16
@@ -139,20 +139,30 @@ class Assembler:
     def feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
         """The events `chunk` carries; raises `HttpError` for an error chunk, `ProtocolError`
         for a malformed one."""
+        out: list[ChatEvent] = []
+        self.feed_into(chunk, out)
+        return tuple(out)
+
+    def feed_into(self, chunk: dict[str, Any], out: EventList) -> None:
+        """`feed`, the events appended to `out` (none of a chunk that fails): no list of its own
+        is made per chunk."""
         if self._failed is not None:
             raise ProtocolError(f"chunk after the stream failed ({self._failed})")
         self._chunks += 1
         self.advanced = self.reasoned = False
+        mark = len(out)
         try:
-            return self._feed(chunk)
+            self._feed(chunk, out)
         except InferError as exc:
             self._failed = exc
+            del out[mark:]
             raise
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             self._failed = ProtocolError(f"malformed chunk {self._chunks}: {exc!r}: {shown(chunk)}")
+            del out[mark:]
             raise self._failed from exc
 
-    def _feed(self, chunk: dict[str, Any]) -> tuple[ChatEvent, ...]:
+    def _feed(self, chunk: dict[str, Any], out: EventList) -> None:
         if "error" in chunk:
             raise stream_error(chunk, json.dumps(chunk, ensure_ascii=False, separators=(",", ":")))
         cid = chunk.get("id")
@@ -181,13 +191,12 @@ class Assembler:
                 raise ProtocolError(
                     f"timings.predicted_n is {shown(predicted)}, not a non-negative integer"
                 )
-        events = _NOTHING
         progress = chunk.get("prompt_progress")
         if progress is not None:
-            events = (self._progress(progress),)
+            out.append(self._progress(progress))
         choices = chunk.get("choices")
         if not choices:
-            return events
+            return
         if type(choices) is not list:
             raise ProtocolError(
                 f"chunk {self._chunks}: choices is a {type(choices).__name__}, not a list"
@@ -200,7 +209,7 @@ class Assembler:
         delta = choice.get("delta")
         if delta:
             grown = self._answer_bytes
-            events = self._delta(delta, predicted, events)
+            self._delta(delta, predicted, out)
             if self._answer_bytes != grown:
                 self._pieces += 1
                 if self._pieces > self._max_pieces:
@@ -218,12 +227,9 @@ class Assembler:
             self.finished = True
             self.advanced = True
             self.in_reasoning = False
-        return events
 
-    def _delta(
-        self, delta: dict[str, Any], predicted: object, events: tuple[ChatEvent, ...]
-    ) -> tuple[ChatEvent, ...]:
-        """The events of one choice's `delta`, appended to `events`."""
+    def _delta(self, delta: dict[str, Any], predicted: object, out: EventList) -> None:
+        """The events of one choice's `delta`, appended to `out`."""
         text = delta.get("reasoning_content")
         if text is not None:
             if type(text) is not str:
@@ -241,7 +247,7 @@ class Assembler:
                 if type(predicted) is int and predicted - self._outside > tokens:
                     tokens = predicted - self._outside
                 self.reasoning_tokens = tokens
-                events = (*events, Reasoning(text))
+                out.append(Reasoning(text))
         text = delta.get("content")
         if text is not None:
             if type(text) is not str:
@@ -254,16 +260,15 @@ class Assembler:
                 self._content += raw
                 self.in_reasoning = False
                 self.advanced = True
-                events = (*events, Content(text))
+                out.append(Content(text))
                 self._spent_outside(predicted)
         calls = delta.get("tool_calls")
         if calls:
             self.in_reasoning = False
             grew, deltas = self._tools.feed(calls, self._grow, self._chunks)
             self.advanced = self.advanced or grew
-            events = (*events, *deltas)
+            out.extend(deltas)
             self._spent_outside(predicted)
-        return events
 
     def _spent_outside(self, predicted: object) -> None:
         """An answer's text or tool call came at `predicted`: reasoning after it counts its own."""

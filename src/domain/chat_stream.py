@@ -252,12 +252,12 @@ class ChatStream:
         """Append the steps of `data` to `out` (ending the stream at its final chunk); returns
         whether any chunk advanced the generation."""
         assembler = self._assembler
-        assemble = assembler.feed
+        assemble = assembler.feed_into
         advanced = False
         for event in self._decoder.feed(data):
             if type(event) is SseData:
                 mark = len(out)
-                out += assemble(parse_chunk(event.data))
+                assemble(parse_chunk(event.data), out)
                 if (
                     self._reasoning
                     and not assembler.in_reasoning

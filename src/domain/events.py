@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +160,12 @@ ChatEvent = (
     | ThinkingCapped
     | Retrying
 )
+
+
+class EventList(Protocol):
+    """Where events are appended as they are made: a list of them, or of anything they are."""
+
+    def append(self, event: ChatEvent, /) -> None: ...
+    def extend(self, events: Iterable[ChatEvent], /) -> None: ...
+    def __len__(self) -> int: ...
+    def __delitem__(self, index: slice, /) -> None: ...

@@ -493,3 +493,20 @@ def test_without_max_predicted_the_chunks_are_not_bounded() -> None:
     for _ in range(1000):
         assembler.feed(content("x"))
     assert assembler.advanced
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"reasoning_content": "so", "content": 7},  # a ProtocolError of the assembler's
+        {"reasoning_content": "so", "tool_calls": [{"index": "x"}]},  # a TypeError inside it
+    ],
+)
+def test_a_chunk_that_fails_appends_none_of_its_events(bad: dict[str, Any]) -> None:
+    assembler = Assembler()
+    out: list[object] = ["kept"]
+    assembler.feed_into({"choices": [{"index": 0, "delta": {"content": "a"}}]}, out)
+    assert out == ["kept", Content("a")]
+    with pytest.raises(ProtocolError):
+        assembler.feed_into({"prompt_progress": {"total": 3}, "choices": [{"index": 0, "delta": bad}]}, out)
+    assert out == ["kept", Content("a")]  # neither the progress nor the reasoning before the fault
