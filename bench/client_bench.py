@@ -6,7 +6,9 @@ one is recorded), and a synthetic 604-event stream of the same shape (progress, 
 content deltas, per-token timings), the length of a long answer, where the per-request costs
 (connect, request, head) weigh less. `--transcript PATH` measures one given `response.raw`
 instead. Each round reads the whole stream once with each stack, interleaved so all three see
-the same machine:
+the same machine. Then the client against itself reading every head by h11, none known beforehand
+(`adapters.uds_http.response.KNOWN_HEAD`), each after the other for five times the rounds: what
+knowing the stream head saves an answer.
 
     client   app.Client.chat: slot gate, UdsTransport, SseDecoder, orjson, Assembler, liveness and
              thinking cap, events to a sink, the final Completion
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +53,7 @@ sys.path.insert(0, str(SRC))
 
 from adapters.fake_server import CHUNK_CREATED, CHUNK_ID, ROLE, chunk_timings, sse_event
 from adapters.fake_server import chunk as stream_chunk
+from adapters.uds_http.response import KNOWN_HEAD
 from app.config import parse_config
 from app.container import Container
 from domain.completion import Completion
@@ -267,6 +271,17 @@ def httpx_stack(socket_path: str) -> Callable[[], Message]:
 # Measuring
 
 
+def every_head_through_h11(read: Callable[[], Message]) -> Callable[[], Message]:
+    """`read` with no stream head known beforehand: h11 reads every head, as it would if the
+    server's heads differed from one answer to the next (`adapters.uds_http.response.KNOWN_HEAD`)."""
+
+    def read_stream() -> Message:
+        KNOWN_HEAD.clear()
+        return read()
+
+    return read_stream
+
+
 def measure(stream: Stream, stacks: dict[str, Callable[[], Message]], rounds: int, warmup: int) -> list[StackResult]:
     timed = interleaved(stacks, rounds, warmup)
     return [StackResult(name, stream.events, t.wall_s, t.cpu_s) for name, t in timed.items()]
@@ -288,7 +303,22 @@ def bench_stream(stream: Stream, quick: bool) -> list[tuple[str, str]]:
         }
         check_same_message(stacks)
         results = measure(stream, stacks, rounds, warmup)
-    return rows(stream, results)
+        known = known_head_rows(stream, socket_path, quick)
+    return rows(stream, results) + known
+
+
+def known_head_rows(stream: Stream, socket_path: str, quick: bool) -> list[tuple[str, str]]:
+    """The client against itself with every head read by h11: two stacks, each after the other in
+    turn, for more rounds than the comparison above (a few per cent is what is measured)."""
+    rounds, warmup = rounds_for(quick)
+    stacks = {"client": client_stack(socket_path), "h11": every_head_through_h11(client_stack(socket_path))}
+    timed = interleaved(stacks, rounds * 5, warmup)
+    client, h11 = (statistics.median(timed[name].cpu_s) * 1e6 / stream.events for name in stacks)
+    tag = f"client [{stream.events} events]"
+    return [
+        (f"{tag}: the same, every head read by h11 (none known), CPU per chunk", f"{h11:.2f} µs"),
+        (f"{tag}: CPU per chunk, client / the same reading every head by h11", f"{client / h11:.3f}x"),
+    ]
 
 
 def run(quick: bool = False, transcript: str | None = None) -> list[tuple[str, str]]:

@@ -3,7 +3,9 @@
 The parsing core of the one exchange (`adapters.uds_http._async.exchange` and its generated
 blocking twin), which owns the waits and the socket and nothing else, as h11 asks of its
 callers. h11 parses and validates the response's status line and headers, the head's size cap
-with it. A request is rendered by h11 unless h11 would send it as it is: then its bytes, exactly
+with it; a stream head h11 already read from an answer's first bytes is known by those bytes
+(`KNOWN_HEAD`: llama-server's are all alike), and the next answer that begins with them gets it
+as h11 read it. A request is rendered by h11 unless h11 would send it as it is: then its bytes, exactly
 h11's, are written here (`_plain`), which a first token shows (see `render`).
 `adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
 exchanges say the same thing for the same bytes.
@@ -56,6 +58,11 @@ _PLAIN_NAMES = 32
 # The stand-in request of each method an h11 connection is given to read a response by.
 _STAND_IN_HEADERS = [("Host", "localhost"), ("Connection", "close")]
 _STAND_INS: dict[str, h11.Request] = {}
+# The last stream head h11 read whole from an answer's first bytes, with those bytes: llama-server
+# sends the same head, byte for byte, with every stream (it carries no date), and reading it costs
+# a short answer a sixth of the client's CPU (`make bench`: "every head through h11"). A list of
+# one pair at most, swapped whole.
+KNOWN_HEAD: list[tuple[bytes, ResponseHead]] = []
 
 
 class Request:
@@ -218,6 +225,7 @@ class ResponseParser:
         "_conn",
         "_done",
         "_fed",
+        "_first",
         "_header_bytes",
         "_method",
         "_request",
@@ -236,6 +244,7 @@ class ResponseParser:
         self._method = request.method.upper()
         self._header_bytes = request.header_bytes
         self._fed = 0  # bytes received while reading the head
+        self._first: bytes | None = None  # the first bytes, while the head may lie within them
         self.what = request.what
         self.head: ResponseHead | None = None
         self.body: BodyReader | None = None  # once the head is parsed
@@ -254,14 +263,30 @@ class ResponseParser:
             else:
                 body.eof()
             return
+        if self._conn is None and not self._fed and data:
+            if KNOWN_HEAD and self._known(data):
+                return
+            self._first = data
         conn = self._conn if self._conn is not None else self._connection()
         self._fed += len(data)
         conn.receive_data(data)
+
+    def _known(self, data: bytes) -> bool:
+        """Whether `data` begins with the known head's bytes: then that head (h11 read those
+        very bytes), and the rest of `data` is its body's."""
+        raw, head = KNOWN_HEAD[0]
+        if len(raw) > self._header_bytes or not data.startswith(raw):
+            return False
+        self._fed, self._done, self.head = len(data), True, head
+        self.body = self._body_reader(head, data[len(raw) :])
+        return True
 
     def next_head(self) -> ResponseHead | None:
         """The status and headers once they are complete; None while more bytes are needed."""
         if self.head is not None:
             return self.head
+        if self._conn is None and not self._fed and not self.eof:
+            return None  # nothing came yet (h11 is made at the first bytes, which may be known)
         conn = self._conn if self._conn is not None else self._connection()
         while True:
             try:
@@ -275,6 +300,7 @@ class ResponseParser:
             if type(event) is not h11.InformationalResponse:  # pragma: no cover - h11 guarantees
                 kind = type(event).__name__
                 raise ProtocolError(f"{self.what}: unexpected {kind} before the head")
+            self._first = None  # the head does not begin the answer
             read = self._fed - len(conn.trailing_data[0])  # the 1xx heads count against the cap
             if read > self._header_bytes:
                 self._conn, self._done = None, True
@@ -343,6 +369,9 @@ class ResponseParser:
         head = ResponseHead(event.status_code, headers)
         self.body = self._body_reader(head, unread)
         self.head = head
+        first = self._first
+        if first is not None and size <= len(first) and type(self.body) is ChunkedBody:
+            KNOWN_HEAD[:] = [(first[:size], head)]  # a stream's, and all in the first bytes
         if closed:  # pragma: no cover - EOF is handed to h11 only when it needs more for the head
             self.body.eof()
         return head
