@@ -5,8 +5,8 @@ blocking twin), which owns the waits and the socket and nothing else, as h11 ask
 callers. h11 parses and validates the response's status line and headers, the head's size cap
 with it; a stream head h11 already read from an answer's first bytes is known by those bytes
 (`KNOWN_HEAD`: llama-server's are all alike), and the next answer that begins with them gets it
-as h11 read it. A request is rendered by h11 unless h11 would send it as it is: then its bytes, exactly
-h11's, are written here (`_plain`), which a first token shows (see `render`).
+as h11 read it. A request is rendered by h11 unless h11 would send it as it is: then its bytes,
+exactly h11's, are written here (`_plain`), which a first token shows (see `render`).
 `adapters.uds_http.body` de-frames the body. The wording of every error is here, so both
 exchanges say the same thing for the same bytes.
 
