@@ -143,7 +143,7 @@ class ChatStream:
         self._reasoning = False  # the last chunk that advanced was reasoning
         self._liveness = Liveness(limits.liveness_s, now)
         # `timeout(now)`: seconds the next read may wait, the silence left before `Stalled`. The
-        # liveness's own, as it is asked once a read (a call less each time).
+        # liveness's own method: it is asked once a read, so nothing stands in front of it.
         self.timeout: Callable[[float], float] = self._liveness.timeout
         self._error_bytes = limits.error_body_bytes  # what an error sent inside the stream keeps
         self._over = False

@@ -290,7 +290,7 @@ class Liveness:
 
     def timeout(self, now: float) -> float:
         """Seconds left until the silence is `Stalled` (0 once expired): the read timeout to use."""
-        left = self._last + self._limit - now  # (`expired`'s test, in line: a call per read)
+        left = self._last + self._limit - now  # `expired`'s test in line: asked once a read
         return left if left > _EPS_S else 0.0
 
     def expired(self, now: float) -> bool:
