@@ -143,9 +143,9 @@ class Assembler:
         self.feed_into(chunk, out)
         return tuple(out)
 
-    def feed_into(self, chunk: dict[str, Any], out: EventList) -> None:
-        """`feed`, the events appended to `out` (none of a chunk that fails): no list of its own
-        is made per chunk."""
+    def feed_into(self, chunk: dict[str, Any], out: EventList) -> int:
+        """`feed`, the events appended to `out` (none of a chunk that fails), no list of its own
+        made per chunk; returns where in `out` they begin."""
         if self._failed is not None:
             raise ProtocolError(f"chunk after the stream failed ({self._failed})")
         self._chunks += 1
@@ -153,6 +153,7 @@ class Assembler:
         mark = len(out)
         try:
             self._feed(chunk, out)
+            return mark
         except InferError as exc:
             self._failed = exc
             del out[mark:]

@@ -256,8 +256,7 @@ class ChatStream:
         advanced = False
         for event in self._decoder.feed(data):
             if type(event) is SseData:
-                mark = len(out)
-                assemble(parse_chunk(event.data), out)
+                mark = assemble(parse_chunk(event.data), out)
                 if (
                     self._reasoning
                     and not assembler.in_reasoning
